@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from normfl.ops import GaussianNoise, clip, norm_alpha, row_norms, server_step
+from normfl.privacy import PaperNoise
+
+
+@pytest.fixture
+def vecs():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(64, 50, generator=g, dtype=torch.float64)
+    return v * torch.logspace(-6, 6, 64, dtype=torch.float64)[:, None]    # tiny to huge norms
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.01, 1.0, 100.0])
+def test_norm_alpha_bounded_and_lemma1_identity(vecs, alpha):
+    out = norm_alpha(vecs, alpha)
+    assert (row_norms(out) <= 1 + 1e-12).all()
+    n = row_norms(vecs)
+    for beta in (0.1, 1.0, 10.0):                 # eq. (8): ||g - β Norm_α(g)||² = (1 - β/(α+||g||))² ||g||²
+        lhs = row_norms(vecs - beta * out) ** 2
+        rhs = (1 - beta / (alpha + n)) ** 2 * n ** 2
+        torch.testing.assert_close(lhs, rhs, rtol=1e-9, atol=1e-18)
+
+
+def test_norm_zero_conventions():
+    z = torch.zeros(3, 4)
+    assert torch.equal(norm_alpha(z, 0.0), z)                 # Norm_0(0) = 0
+    assert torch.equal(clip(z, 1.0), z)
+    x = torch.ones(4)
+    assert torch.equal(server_step(x, torch.zeros(4), 0.5, normalized=True), x)   # 0/0 = 0
+    unit = norm_alpha(torch.tensor([[3.0, 4.0]]), 0.0)
+    torch.testing.assert_close(unit, torch.tensor([[0.6, 0.8]]))
+
+
+def test_clip_bound_and_table1_property(vecs):
+    for tau in (1e-3, 1.0, 1e3):
+        out = clip(vecs, tau)
+        n = row_norms(vecs)
+        assert (row_norms(out) <= tau * (1 + 1e-12)).all()
+        lhs = row_norms(out - vecs) ** 2
+        torch.testing.assert_close(lhs, torch.clamp(n - tau, min=0) ** 2, rtol=1e-9, atol=1e-12)
+        small = n.squeeze(1) <= tau
+        assert torch.equal(out[small], vecs[small])            # below the threshold nothing changes
+
+
+def test_gaussian_noise_std_fresh_and_seeded():
+    noise = GaussianNoise(0.5, seed=3)
+    v = torch.zeros(20, 50_000)
+    a, b = noise(v, 0), noise(v, 1)
+    assert abs(a.std().item() - 0.5) < 0.005
+    assert not torch.equal(a, b)                               # fresh per round
+    assert not torch.equal(a[0], a[1])                         # fresh per client
+    assert torch.equal(a, GaussianNoise(0.5, seed=3)(v, 0))    # reproducible from (seed, round)
+    assert torch.equal(GaussianNoise(0.0, seed=3)(v, 0), v)
+
+
+def test_paper_noise_multiplier_matches_spec_table():
+    # spec normec.md §4.3, ε = 8, δ = 1e-5
+    pn = PaperNoise(epsilon=8, delta=1e-5)
+    assert pn.noise_multiplier(300) == pytest.approx(7.3462, abs=1e-4)
+    assert pn.noise_multiplier(300, p=0.25) == pytest.approx(1.8366, abs=1e-4)
+    assert pn.noise_multiplier(150) == pytest.approx(5.1946, abs=1e-4)
+    assert PaperNoise(K_plus_one=True).noise_multiplier(300) == pytest.approx(7.3584, abs=1e-4)
+    assert PaperNoise(log_base="10").noise_multiplier(300) == pytest.approx(4.8412, abs=1e-4)
+    assert PaperNoise(sqrt_covers_log=False).noise_multiplier(300) == pytest.approx(24.926, abs=1e-3)
+    # std on an upload bounded by 1 whose server weight is β: σ_mult (default) or β σ_mult (alt B)
+    assert pn.upload_std(1.0, 0.01, 300) == pytest.approx(7.3462, abs=1e-4)
+    assert PaperNoise(noise_on="raw_delta").upload_std(1.0, 0.01, 300) == pytest.approx(0.073462, abs=1e-6)
