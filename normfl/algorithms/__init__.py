@@ -1,0 +1,7 @@
+"""Algorithms, each a short composition of the parts in ``normfl.ops``; configs in ``conf/algo``."""
+
+from normfl.algorithms.base import Algorithm
+from normfl.algorithms.dpsgd import DPSGDNorm
+from normfl.algorithms.ef21 import EF21, Clip21, NormEC
+
+__all__ = ["Algorithm", "EF21", "NormEC", "Clip21", "DPSGDNorm"]

@@ -1,0 +1,102 @@
+"""Config validation: every bad value is refused before any data is read or any step is taken.
+
+Each rule names the key, the value it got and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from normfl.data.sources import SPLITS
+from normfl.engine import BACKENDS, ORACLES
+from normfl.privacy import LOG_BASES, NOISE_ON
+
+
+class ConfigError(ValueError):
+    def __init__(self, key: str, value, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
+
+
+def _get(cfg: DictConfig, key: str):
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _number(cfg, key, ok, allowed, integer=False, optional=False):
+    v = _get(cfg, key)
+    if v is None and optional:
+        return
+    kinds = (int,) if integer else (int, float)
+    if isinstance(v, bool) or not isinstance(v, kinds) or not ok(v):
+        raise ConfigError(key, v, allowed)
+
+
+def _choice(cfg, key, options, optional=True):
+    v = _get(cfg, key)
+    if v is None and optional:
+        return
+    if v not in options:
+        raise ConfigError(key, v, " | ".join(map(str, options)))
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError on the first bad value."""
+    _number(cfg, "rounds", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "clients", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "seed", lambda v: v >= 0, "an integer >= 0", integer=True)
+    _number(cfg, "batch_size", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "threads", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
+    _choice(cfg, "oracle", ORACLES, optional=False)
+    _choice(cfg, "backend", BACKENDS, optional=False)
+    _choice(cfg, "device.name", ("auto", "cpu", "cuda", "mps"), optional=False)
+    _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
+    _choice(cfg, "logger.mode", ("offline", "online", "disabled"))
+
+    _number(cfg, "algo.gamma", lambda v: v > 0, "a number > 0")
+    _number(cfg, "algo.beta", lambda v: v > 0, "a number > 0")
+    _number(cfg, "algo.alpha", lambda v: v >= 0, "a number >= 0", optional=True)
+    for key in ("p", "algo.p"):
+        _number(cfg, key, lambda v: 0 < v <= 1, "a number in (0, 1]", optional=True)
+
+    _number(cfg, "privacy.epsilon", lambda v: v > 0, "a number > 0")
+    _number(cfg, "privacy.delta", lambda v: 0 < v < 1, "a number in (0, 1)")
+    _number(cfg, "privacy.c", lambda v: v > 0, "a number > 0")
+    _number(cfg, "privacy.noise_multiplier_override", lambda v: v >= 0, "null or a number >= 0", optional=True)
+    _choice(cfg, "privacy.log_base", LOG_BASES + (10,))
+    _choice(cfg, "privacy.noise_on", NOISE_ON)
+
+    _choice(cfg, "dataset.split", SPLITS, optional=False)
+    _number(cfg, "dataset.holdout_fraction", lambda v: 0 < v < 1, "a number in (0, 1)")
+    for key in ("dataset.train_limit", "dataset.test_limit"):
+        _number(cfg, key, lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
+    _choice(cfg, "model.norm", ("batch", "group"))
+    _choice(cfg, "model.init", ("default", "zeros"))
+    _number(cfg, "partition.shards_per_client", lambda v: v >= 1, "an integer >= 1", integer=True, optional=True)
+    _number(cfg, "partition.alpha", lambda v: v > 0, "a number > 0", optional=True)
+
+    if _get(cfg, "dataset.path") is not None and not Path(cfg.dataset.path).is_file():
+        raise ConfigError("dataset.path", cfg.dataset.path, "an existing .npz file")
+    env = os.environ.get("NORMFL_OFFLINE_DATA")
+    if env and not Path(env).is_dir():
+        raise ConfigError("offline_data (from $NORMFL_OFFLINE_DATA)", env, "an existing directory")
+    if (_get(cfg, "partition._target_") or "").endswith("natural") and _get(cfg, "dataset.path") is None:
+        raise ConfigError("partition", "natural", "only with dataset=npz carrying a `client` array")
+
+
+def validate_data(cfg: DictConfig, parts) -> None:
+    """Checks on the partition, still before training."""
+    if len(parts) != cfg.clients:
+        raise ConfigError("clients", cfg.clients, f"the partition's {len(parts)} clients")
+    empty = [i for i, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        raise ConfigError("partition", cfg.partition._target_, f"a partition giving every client data "
+                          f"(clients {empty[:5]} got none)")

@@ -1,0 +1,34 @@
+"""Datasets as in-memory tensors, batched transforms and client partitions."""
+
+from normfl.data.partition import dirichlet, iid, label_histogram, natural, shards
+from normfl.data.sources import (
+    SPLITS,
+    ArrayDataset,
+    DataNotFoundError,
+    apply_split,
+    decode_cifar10_jpeg,
+    holdout_indices,
+    load_cifar10,
+    load_fashion_mnist,
+    load_npz,
+)
+from normfl.data.transforms import augment_crop_flip, normalize
+
+__all__ = [
+    "SPLITS",
+    "ArrayDataset",
+    "DataNotFoundError",
+    "apply_split",
+    "augment_crop_flip",
+    "decode_cifar10_jpeg",
+    "dirichlet",
+    "holdout_indices",
+    "iid",
+    "label_histogram",
+    "load_cifar10",
+    "load_fashion_mnist",
+    "load_npz",
+    "natural",
+    "normalize",
+    "shards",
+]

@@ -1,0 +1,107 @@
+"""Partitions of a training set across clients.
+
+Each partitioner returns one int64 array of train indices per client; every index is in exactly one
+client. Randomness comes only from ``numpy.random.default_rng(seed)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check_clients(num_clients: int, n: int) -> None:
+    if not 1 <= num_clients <= n:
+        raise ValueError(f"num_clients={num_clients} must be between 1 and the number of samples ({n})")
+
+
+def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+    """Shuffle all indices, then cut into `num_clients` contiguous pieces (sizes differ by at most 1)."""
+    n = len(labels)
+    _check_clients(num_clients, n)
+    perm = np.random.default_rng(seed).permutation(n).astype(np.int64)
+    return list(np.array_split(perm, num_clients))
+
+
+def shards(
+    labels: np.ndarray, num_clients: int, seed: int, shards_per_client: int, num_shards: int | None = None
+) -> list[np.ndarray]:
+    """McMahan et al.: sort by label (stable), cut into equal shards, deal a random permutation of them.
+
+    With n % num_shards = r, the last r shards take one extra sample each, so nothing is dropped.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    _check_clients(num_clients, n)
+    if shards_per_client < 1:
+        raise ValueError(f"shards_per_client={shards_per_client} must be >= 1")
+    total = num_clients * shards_per_client
+    num_shards = total if num_shards is None else num_shards
+    if num_shards != total:
+        raise ValueError(f"num_shards={num_shards} must equal num_clients * shards_per_client = {total}")
+    if num_shards > n:
+        raise ValueError(f"num_shards={num_shards} (num_clients * shards_per_client) exceeds the {n} samples")
+    order = np.argsort(labels, kind="stable").astype(np.int64)
+    base, extra = divmod(n, num_shards)
+    sizes = np.full(num_shards, base)
+    sizes[num_shards - extra :] += 1
+    pieces = np.split(order, np.cumsum(sizes)[:-1])
+    perm = np.random.default_rng(seed).permutation(num_shards)
+    return [
+        np.concatenate([pieces[s] for s in perm[k * shards_per_client : (k + 1) * shards_per_client]])
+        for k in range(num_clients)
+    ]
+
+
+def dirichlet(
+    labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_size: int = 1, max_tries: int = 100
+) -> list[np.ndarray]:
+    """Per class, split its shuffled indices by proportions ~ Dir(alpha).
+
+    Redraws (up to `max_tries` times) until every client has at least `min_size` samples.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    _check_clients(num_clients, n)
+    if not alpha > 0:
+        raise ValueError(f"alpha={alpha} must be > 0")
+    if min_size * num_clients > n:
+        raise ValueError(f"min_size={min_size} times num_clients={num_clients} exceeds the {n} samples")
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            cuts = (np.cumsum(rng.dirichlet(np.full(num_clients, alpha))) * len(idx)).astype(np.int64)[:-1]
+            for k, piece in enumerate(np.split(idx, cuts)):
+                parts[k].append(piece)
+        out = [np.concatenate(p).astype(np.int64) for p in parts]
+        if min(len(p) for p in out) >= min_size:
+            return out
+    raise ValueError(
+        f"max_tries={max_tries} draws with alpha={alpha} never gave every client min_size={min_size} samples"
+    )
+
+
+def natural(client_ids: np.ndarray, num_clients: int | None = None) -> list[np.ndarray]:
+    """One client per distinct id (in sorted id order), holding the indices with that id."""
+    client_ids = np.asarray(client_ids)
+    ids, counts = np.unique(client_ids, return_counts=True)
+    if num_clients is not None and num_clients != len(ids):
+        raise ValueError(f"num_clients={num_clients} but the data has {len(ids)} distinct client ids")
+    order = np.argsort(client_ids, kind="stable").astype(np.int64)
+    return list(np.split(order, np.cumsum(counts)[:-1]))
+
+
+def label_histogram(parts: list[np.ndarray], labels: np.ndarray, num_classes: int):
+    """DataFrame of per-client class counts (index "client", columns 0..C-1 and "total")."""
+    import pandas as pd
+
+    labels = np.asarray(labels)
+    if len(labels) and labels.max() >= num_classes:
+        raise ValueError(f"num_classes={num_classes} but labels go up to {labels.max()}")
+    counts = np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+    df = pd.DataFrame(counts, columns=list(range(num_classes)))
+    df["total"] = [len(p) for p in parts]
+    df.index.name = "client"
+    return df

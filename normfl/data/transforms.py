@@ -1,0 +1,54 @@
+"""Batched preprocessing on tensors [B, C, ...] (no per-sample Python loops)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def normalize(x: torch.Tensor, mean: Sequence[float] = (), std: Sequence[float] = ()) -> torch.Tensor:
+    """uint8 -> float32 in [0, 1]; then per-channel (x - mean) / std over dim 1 if `mean` is given.
+
+    Float input is only cast to float32 (no /255) before the optional normalization.
+    """
+    out = x.to(torch.float32) / 255.0 if x.dtype == torch.uint8 else x.to(torch.float32)
+    if len(mean) != len(std):
+        raise ValueError(f"mean {tuple(mean)} and std {tuple(std)} must have the same length")
+    if not len(mean):
+        return out
+    if x.ndim < 2 or len(mean) not in (1, x.shape[1]):
+        raise ValueError(
+            f"mean has {len(mean)} channels but x has shape {tuple(x.shape)} (channels on dim 1)"
+        )
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    m = torch.as_tensor(mean, dtype=torch.float32, device=x.device).view(shape)
+    s = torch.as_tensor(std, dtype=torch.float32, device=x.device).view(shape)
+    return (out - m) / s
+
+
+def augment_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """RandomCrop(H×W, padding, zero fill) + RandomHorizontalFlip(0.5), per sample, for a [B,C,H,W] batch.
+
+    All randomness comes from `generator` (three draws: top offsets, left offsets, flips). Zero fill
+    means zero in x's own units: apply it to uint8 / [0, 1] images before `normalize` to pad with
+    black pixels as torchvision does, or after it to pad with the mean colour.
+    """
+    if x.ndim != 4:
+        raise ValueError(f"x must be [B, C, H, W], got shape {tuple(x.shape)}")
+    if padding < 0:
+        raise ValueError(f"padding={padding} must be >= 0")
+    b, c, h, w = x.shape
+    gdev, dev = generator.device, x.device
+    top = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gdev).to(dev)
+    left = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gdev).to(dev)
+    flip = (torch.rand(b, generator=generator, device=gdev) < 0.5).to(dev)
+    if padding:
+        x = F.pad(x, (padding, padding, padding, padding))
+    rows = top[:, None] + torch.arange(h, device=dev)  # [B, H]
+    cols_ = torch.arange(w, device=dev)
+    cols = left[:, None] + torch.where(flip[:, None], w - 1 - cols_, cols_)  # [B, W]
+    bi = torch.arange(b, device=dev).view(b, 1, 1, 1)
+    ci = torch.arange(c, device=dev).view(1, c, 1, 1)
+    return x[bi, ci, rows.view(b, 1, h, 1), cols.view(b, 1, 1, w)]

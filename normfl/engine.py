@@ -1,0 +1,264 @@
+"""Client engine: the model as a flat vector, per-client batches, and per-client gradients.
+
+Two backends compute the same thing, ``G[i] = grad of client i's mean loss at X[i]``:
+
+- ``sequential``: a plain loop over clients with autograd; the reference and the baseline.
+- ``vmap``: one ``torch.func.vmap(grad_and_value(functional_call))`` over the client axis.
+
+``auto`` times both on the run's first round and keeps the faster one (cached per model, size and
+device in ``~/.cache/normfl/backend.json``), since which wins depends on model and hardware.
+
+BatchNorm. Every client's forward pass runs in train mode, so it normalises with the statistics
+of its own batch. The evaluation model's running statistics follow one rule on both backends:
+the clients' batches update them in client order, as if each client ran its forward pass in
+turn on one shared model (spec normec.md A4). The vmap backend gives every client a copy of the
+running buffers, lets each update its copy, and folds the copies in client order afterwards:
+with momentum m, copy_i = (1-m) r + m mu_i, and the sequential result is
+(1-m)^n r + sum_i (1-m)^(n-1-i) (copy_i - (1-m) r). Buffers are never communicated or averaged
+across clients beyond this, and they are not part of x.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from normfl.data import augment_crop_flip, normalize
+
+BACKENDS = ("auto", "sequential", "vmap")
+ORACLES = ("minibatch", "full")
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` prefers CUDA, then Apple MPS, then the CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device.name='cuda' but torch.cuda.is_available() is False; use auto or cpu")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError("device.name='mps' but MPS is not available; use auto or cpu")
+    return torch.device(name)
+
+
+class FlatModel:
+    """A module whose trainable parameters are viewed as one flat vector x in R^d.
+
+    The order of x is the order of ``model.parameters()`` (so ``params.npy`` loads back with
+    ``torch.nn.utils.vector_to_parameters``).
+    """
+
+    def __init__(self, module: nn.Module, device: torch.device):
+        self.module = module.to(device)
+        self.device = device
+        self.names = [n for n, _ in module.named_parameters()]
+        self.shapes = [p.shape for p in module.parameters()]
+        self.sizes = [p.numel() for p in module.parameters()]
+        self.dim = sum(self.sizes)
+        self.bn_layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    def vector(self) -> torch.Tensor:
+        return torch.nn.utils.parameters_to_vector(self.module.parameters()).detach().clone()
+
+    def load(self, x: torch.Tensor) -> None:
+        torch.nn.utils.vector_to_parameters(x, self.module.parameters())
+
+    def as_params(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of x (``[d]`` or ``[n, d]``) shaped like the parameters."""
+        lead = x.shape[:-1]
+        chunks = torch.split(x, self.sizes, dim=-1)
+        return {n: c.reshape(*lead, *s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {n: b.detach().clone() for n, b in self.module.named_buffers()}
+
+    def set_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
+        for n, b in self.module.named_buffers():
+            b.copy_(buffers[n])
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, prep, batch: int = 1000):
+        """(mean cross-entropy, accuracy) of x on a dataset, in eval mode."""
+        self.load(x)
+        self.module.eval()
+        loss, correct = 0.0, 0
+        for s in range(0, len(ys), batch):
+            xb, yb = prep(xs[s:s + batch]), ys[s:s + batch].to(self.device)
+            out = self.module(xb)
+            loss += F.cross_entropy(out, yb, reduction="sum").item()
+            correct += (out.argmax(1) == yb).sum().item()
+        self.module.train()
+        return loss / len(ys), correct / len(ys)
+
+
+class Preprocess:
+    """uint8 (or float) batch -> normalised float batch on the device, with optional crop+flip."""
+
+    def __init__(self, mean, std, device: torch.device):
+        self.mean, self.std, self.device = tuple(mean), tuple(std), device
+
+    def __call__(self, xb: torch.Tensor, augment_gen: torch.Generator | None = None) -> torch.Tensor:
+        if augment_gen is not None:       # on raw pixels, so padding is black as in Idelbayev's pipeline
+            xb = augment_crop_flip(xb, augment_gen)
+        return normalize(xb, self.mean, self.std).to(self.device, non_blocking=True)
+
+
+class ClientData:
+    """Each client's shard and its batch stream.
+
+    ``minibatch``: every round each client takes the next ``batch_size`` samples of its shard in
+    a seeded shuffled order, reshuffling at the start of each pass; a tail shorter than a batch
+    is skipped, so every batch has the same size. ``full``: the whole shard, no augmentation,
+    in fixed chunks (the gradient is the exact mean over the shard).
+    """
+
+    def __init__(self, x, y, parts, batch_size, seed, prep: Preprocess, augment: bool,
+                 oracle: str = "minibatch", chunk: int = 1000):
+        self.x, self.y, self.parts, self.prep = x, y, [torch.as_tensor(p) for p in parts], prep
+        self.batch = [min(batch_size, len(p)) for p in parts]
+        self.oracle, self.chunk = oracle, chunk
+        self.rngs = [np.random.default_rng([seed, 1, i]) for i in range(len(parts))]
+        self.aug = [torch.Generator().manual_seed(seed * 7919 + i) if augment else None
+                    for i in range(len(parts))]
+        self.order = [self.rngs[i].permutation(len(p)) for i, p in enumerate(parts)]
+        self.pos = [0] * len(parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def _minibatch(self, i: int):
+        b = self.batch[i]
+        if self.pos[i] + b > len(self.order[i]):
+            self.order[i], self.pos[i] = self.rngs[i].permutation(len(self.parts[i])), 0
+        idx = self.parts[i][self.order[i][self.pos[i]:self.pos[i] + b]]
+        self.pos[i] += b
+        return self.prep(self.x[idx], self.aug[i]), self.y[idx].to(self.prep.device)
+
+    def next_batches(self) -> list[list[tuple[torch.Tensor, torch.Tensor, float]]]:
+        """Per client, the list of (x, y, weight) pieces whose weighted gradients sum to its oracle."""
+        if self.oracle == "minibatch":
+            return [[(*self._minibatch(i), 1.0)] for i in range(len(self))]
+        out = []
+        for p in self.parts:
+            pieces = torch.split(p, self.chunk)
+            out.append([(self.prep(self.x[c]), self.y[c].to(self.prep.device), len(c) / len(p))
+                        for c in pieces])
+        return out
+
+
+class ClientEngine:
+    """Per-client gradients ``G[i] = grad f_i(X[i])`` and losses, by the chosen backend."""
+
+    def __init__(self, flat: FlatModel, backend: str = "sequential"):
+        self.flat, self.backend = flat, backend
+
+    def grads(self, x: torch.Tensor, batches) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: ``[d]`` (every client at the same point) or ``[n, d]``; returns ``([n, d], [n])``."""
+        n = len(batches)
+        G = torch.zeros(n, self.flat.dim, device=x.device, dtype=x.dtype)
+        loss = torch.zeros(n, device=x.device, dtype=x.dtype)
+        fn = self._vmap if self.backend == "vmap" else self._sequential
+        for j in range(max(len(b) for b in batches)):       # one piece per client at a time
+            piece = [b[j] for b in batches]
+            g, l = fn(x, piece)
+            w = torch.tensor([p[2] for p in piece], device=x.device, dtype=x.dtype)
+            G += w[:, None] * g
+            loss += w * l
+        return G, loss
+
+    def _sequential(self, x, piece):
+        flat, params = self.flat, list(self.flat.module.parameters())
+        G = torch.empty(len(piece), flat.dim, device=x.device, dtype=x.dtype)
+        losses = torch.empty(len(piece), device=x.device, dtype=x.dtype)
+        if x.dim() == 1:
+            flat.load(x)
+        for i, (xb, yb, _) in enumerate(piece):
+            if x.dim() == 2:
+                flat.load(x[i])
+            loss = F.cross_entropy(flat.module(xb), yb)
+            torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)], out=G[i])
+            losses[i] = loss.detach()
+        return G, losses
+
+    def _vmap(self, x, piece):
+        flat, n = self.flat, len(piece)
+        xb = torch.stack([p[0] for p in piece])
+        yb = torch.stack([p[1] for p in piece])
+        start = flat.buffers()
+        buffers = {k: b.expand(n, *b.shape).clone() for k, b in start.items()}
+
+        def loss_fn(params, bufs, xs, ys):
+            return F.cross_entropy(functional_call(flat.module, (params, bufs), (xs,)), ys)
+
+        in_x = 0 if x.dim() == 2 else None
+        g, losses = vmap(grad_and_value(loss_fn), in_dims=(in_x, 0, 0, 0))(flat.as_params(x), buffers, xb, yb)
+        G = torch.cat([g[name].reshape(n, -1) for name in flat.names], dim=1)
+        flat.set_buffers(fold_running_stats(flat.module, start, buffers))
+        return G, losses.detach()
+
+
+def fold_running_stats(module: nn.Module, start: dict, copies: dict) -> dict:
+    """Compose per-client BatchNorm buffer updates in client order (see module docstring)."""
+    out = dict(start)
+    for prefix, m in module.named_modules():
+        if not isinstance(m, nn.modules.batchnorm._BatchNorm) or not m.track_running_stats:
+            continue
+        if m.momentum is None:
+            raise NotImplementedError("BatchNorm with momentum=None is not supported by the vmap backend")
+        keep = 1.0 - m.momentum
+        for stat in ("running_mean", "running_var"):
+            key = f"{prefix}.{stat}" if prefix else stat
+            r, c = start[key], copies[key]
+            n = c.shape[0]
+            pw = keep ** torch.arange(n - 1, -1, -1, device=c.device, dtype=c.dtype)
+            out[key] = keep ** n * r + (pw[:, None] * (c - keep * r)).sum(0)
+        key = f"{prefix}.num_batches_tracked" if prefix else "num_batches_tracked"
+        out[key] = start[key] + copies[key].shape[0]
+    return out
+
+
+def choose_backend(engine: ClientEngine, x: torch.Tensor, batches, key: str, reps: int = 2) -> str:
+    """Time both backends on real batches (model state restored) and return the faster one."""
+    cache = Path.home() / ".cache" / "normfl" / "backend.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    shapes = {tuple(b[0][0].shape) for b in batches}
+    if len(shapes) > 1 or any(len(b) != len(batches[0]) for b in batches):
+        return "sequential"                                   # vmap needs equal batch shapes
+    saved, times = engine.flat.buffers(), {}
+    for name in ("sequential", "vmap"):
+        engine.backend = name
+        engine.grads(x, batches)                              # warm-up
+        runs = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            engine.grads(x, batches)
+            if x.is_cuda:
+                torch.cuda.synchronize()
+            runs.append(time.perf_counter() - t)
+        times[name] = min(runs)
+    engine.flat.set_buffers(saved)
+    best = min(times, key=times.get)
+    known[key] = best
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(cache)
+    except OSError:
+        pass
+    return best

@@ -1,0 +1,67 @@
+"""Run outputs: a tidy per-round table, a summary, and optional W&B logging.
+
+Every file is written atomically (temporary file, then rename), so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+COLUMNS = ("round", "train_loss", "test_loss", "test_acc", "noise_std", "transmissions",
+           "transmissions_total", "bytes_uploaded", "bytes_total", "wall_time")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Recorder:
+    """Collects per-round rows; ``flush`` rewrites ``metrics.csv`` atomically."""
+
+    def __init__(self, out_dir: Path, logger_cfg=None, config: dict | None = None):
+        self.out_dir, self.rows = Path(out_dir), []
+        self.wandb = None
+        if logger_cfg is not None and logger_cfg.name == "wandb":
+            import wandb
+
+            self.wandb = wandb.init(mode=logger_cfg.mode, project=logger_cfg.project,
+                                    entity=logger_cfg.entity, dir=str(self.out_dir), config=config,
+                                    reinit="finish_previous")
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if v is not None and k != "round"}, step=row["round"])
+
+    def flush(self) -> None:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_atomic(self.out_dir / "metrics.csv", buf.getvalue())
+
+    def summary(self, info: dict) -> dict:
+        evals = [r for r in self.rows if r.get("test_acc") is not None]
+        best = max(evals, key=lambda r: r["test_acc"], default=None)
+        last = evals[-1] if evals else None
+        losses = [r["train_loss"] for r in self.rows if r.get("train_loss") is not None]
+        info = {
+            **info,
+            "final_round": self.rows[-1]["round"] if self.rows else 0,
+            "final_test_acc": last and last["test_acc"],
+            "final_test_loss": last and last["test_loss"],
+            "best_test_acc": best and best["test_acc"],
+            "best_round": best and best["round"],
+            "final_train_loss": losses[-1] if losses else None,
+        }
+        write_atomic(self.out_dir / "summary.json", json.dumps(info, indent=2, default=str) + "\n")
+        if self.wandb is not None:
+            self.wandb.summary.update({k: v for k, v in info.items() if isinstance(v, (int, float, str))})
+            self.wandb.finish()
+        return info

@@ -1,0 +1,154 @@
+"""One experiment: validate, load data, partition, build model and algorithm, run the rounds, record."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import normfl
+from normfl.config import ConfigError, validate, validate_data
+from normfl.data import label_histogram
+from normfl.engine import ClientData, ClientEngine, FlatModel, Preprocess, choose_backend, pick_device
+from normfl.privacy import PaperNoise
+from normfl.results import Recorder, write_atomic
+
+log = logging.getLogger("normfl")
+INPUT_ERRORS = (ConfigError, FileNotFoundError)
+
+
+def build_data(cfg: DictConfig):
+    """The dataset (with its label) and the client partition, as the config says."""
+    extra = ("augment", "train_limit", "test_limit")
+    ds_cfg = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k not in extra}
+    ds = instantiate(ds_cfg)
+    if cfg.dataset.train_limit or cfg.dataset.test_limit:
+        ds = ds.head(cfg.dataset.train_limit, cfg.dataset.test_limit)
+    if cfg.clients > len(ds.y_train):
+        raise ConfigError("clients", cfg.clients, f"at most the {len(ds.y_train)} training samples")
+    split = instantiate(cfg.partition)
+    if cfg.partition._target_.endswith("natural"):
+        parts = split(ds.client_ids.numpy(), num_clients=cfg.clients)
+    else:
+        parts = split(ds.y_train.numpy(), num_clients=cfg.clients, seed=cfg.seed)
+    return ds, parts
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Run one experiment into ``out_dir``; returns the summary. Raises ConfigError on bad input."""
+    validate(cfg)
+    t_start = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = pick_device(cfg.device.name)
+    ds, parts = build_data(cfg)
+    validate_data(cfg, parts)
+
+    torch.manual_seed(cfg.seed)
+    model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
+    flat = FlatModel(model, device)
+    x = flat.vector()
+    algo = instantiate(cfg.algo)
+    privacy = PaperNoise(**OmegaConf.to_container(cfg.privacy, resolve=True))
+    algo.setup(x, cfg.clients, cfg.rounds, privacy, cfg.seed)
+
+    prep = Preprocess(ds.mean, ds.std, device)
+    data = ClientData(ds.x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
+                      augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
+    engine = ClientEngine(flat, cfg.backend)
+    pending = [data.next_batches()]
+    if cfg.backend == "auto":
+        key = "|".join(map(str, (type(model).__name__, flat.dim, device, cfg.clients, cfg.batch_size,
+                                 cfg.oracle, torch.__version__, torch.get_num_threads())))
+        engine.backend = choose_backend(engine, x, pending[0], key)
+    elif cfg.backend == "vmap" and len({tuple(b[0][0].shape) for b in pending[0]}) > 1:
+        raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
+
+    def grads(at):
+        return engine.grads(at, pending.pop() if pending else data.next_batches())
+
+    hist = label_histogram(parts, ds.y_train.numpy(), ds.num_classes)
+    hist.to_csv(out_dir / "partition.csv")
+    rec = Recorder(out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
+    elem_bytes = x.element_size() * flat.dim
+
+    def evaluate(at):
+        return flat.evaluate(at, ds.x_test, ds.y_test, prep)
+
+    test_loss, test_acc = evaluate(x)
+    rec.add({"round": 0, "test_loss": test_loss, "test_acc": test_acc, "noise_std": algo.noise.std,
+             "transmissions": 0, "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0,
+             "wall_time": 0.0})
+    status, sent, t0 = "completed", 0, time.perf_counter()
+    bar = tqdm(range(cfg.rounds), disable=not cfg.progress, desc=cfg.algo.name, dynamic_ncols=True)
+    for k in bar:
+        x, info = algo.round(k, x, grads)
+        sent += info["uploads"]
+        row = {"round": k + 1, "train_loss": info["loss"], "noise_std": algo.noise.std,
+               "transmissions": info["uploads"], "transmissions_total": sent,
+               "bytes_uploaded": info["uploads"] * elem_bytes, "bytes_total": sent * elem_bytes}
+        diverged = not math.isfinite(info["loss"]) or not bool(torch.isfinite(x).all())
+        if diverged or (k + 1) % cfg.eval_every == 0 or k + 1 == cfg.rounds:
+            row["test_loss"], row["test_acc"] = evaluate(x) if not diverged else (math.nan, math.nan)
+            bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{row['test_acc']:.3f}")
+        row["wall_time"] = time.perf_counter() - t0
+        rec.add(row)
+        if diverged:
+            status = "diverged"
+            log.warning("round %d: non-finite loss or model; run recorded as diverged", k + 1)
+            break
+        if row.get("test_acc") is not None:
+            rec.flush()
+    bar.close()
+    rec.flush()
+    if cfg.save_params and status == "completed":
+        tmp = out_dir / ".params.npy.tmp"
+        with open(tmp, "wb") as fh:
+            np.save(fh, x.cpu().numpy())
+        tmp.replace(out_dir / "params.npy")
+    return rec.summary({
+        "status": status, "algo": cfg.algo.name, "data": ds.label, "data_source": ds.source,
+        "split": ds.split, "train_size": len(ds.y_train), "test_size": len(ds.y_test),
+        "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": flat.dim,
+        "backend": engine.backend, "device": str(device), "threads": torch.get_num_threads(),
+        "noise_std": algo.noise.std, "noise_by": algo.noise.who if algo.private else None,
+        "private": algo.private, "wall_time_s": time.perf_counter() - t_start,
+        "seconds_per_round": (time.perf_counter() - t0) / max(1, rec.rows[-1]["round"]),
+        "versions": {"normfl": normfl.__version__, "torch": torch.__version__,
+                     "python": platform.python_version()},
+    })
+
+
+def main(cfg: DictConfig) -> dict | None:
+    """Hydra entry: run into Hydra's output dir; refuse bad configs without leaving a run dir."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        return run(cfg, out_dir)
+    except INPUT_ERRORS as err:  # refused before training: no run directory is left behind
+        shutil.rmtree(out_dir, ignore_errors=True)
+        if multirun:
+            log.error("job %s skipped: %s", hc.job.num, err)
+            return None
+        sys.exit(f"normfl: {err}")
+    except Exception as err:  # a failed job is recorded, and a sweep carries on
+        if not multirun:
+            raise
+        log.exception("job %s failed", hc.job.num)
+        write_atomic(out_dir / "summary.json", json.dumps({"status": "failed", "error": repr(err)}) + "\n")
+        return None

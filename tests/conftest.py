@@ -1,0 +1,22 @@
+"""Shared fixtures: the offline copies of the real datasets, and one data root per test session."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+OFFLINE = Path(os.environ.get("NORMFL_OFFLINE_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def offline_dir() -> Path:
+    if not OFFLINE.is_dir():
+        pytest.fail(f"the offline datasets are missing: expected them in {OFFLINE} (set NORMFL_OFFLINE_DATA)")
+    return OFFLINE
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    """One writable data root for the session, so CIFAR-10's JPEG copy is decoded once."""
+    return tmp_path_factory.mktemp("data")

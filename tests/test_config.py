@@ -1,0 +1,80 @@
+"""Every config composes and passes validation; every bad value is refused with key, value and rule."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from normfl.config import ConfigError, validate
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+
+
+def cfg_with(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=False)
+
+
+@pytest.mark.parametrize("group, option", [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))])
+def test_every_config_composes_and_validates(group, option):
+    extra = ["dataset.path=" + __file__] if option == "npz" else []
+    if option == "natural":
+        extra = ["dataset=npz", "dataset.path=" + __file__]
+    cfg = cfg_with(f"{group}={option}", *extra)
+    OmegaConf.to_container(cfg, resolve=True)      # every interpolation resolves
+    validate(cfg)
+
+
+def test_default_is_normec_setup():
+    cfg = cfg_with()
+    assert (cfg.algo.name, cfg.dataset._target_.rsplit(".", 1)[1], cfg.model._target_.rsplit(".", 1)[1]) == \
+        ("normec", "load_cifar10", "resnet20")
+    assert (cfg.clients, cfg.batch_size, cfg.rounds, cfg.seed) == (10, 32, 300, 42)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("rounds=0", "rounds"), ("clients=0", "clients"), ("algo.beta=0", "algo.beta"),
+    ("algo.beta=-1", "algo.beta"), ("algo.gamma=0", "algo.gamma"), ("algo.alpha=-0.1", "algo.alpha"),
+    ("+p=0", "p"), ("+p=1.5", "p"), ("privacy.epsilon=0", "privacy.epsilon"),
+    ("privacy.delta=1", "privacy.delta"), ("privacy.delta=0", "privacy.delta"),
+    ("oracle=exact", "oracle"), ("backend=gpu", "backend"), ("device=cpu", None),
+    ("dataset.split=random", "dataset.split"), ("batch_size=0", "batch_size"),
+    ("model.norm=layer", "model.norm"), ("privacy.noise_on=server", "privacy.noise_on"),
+    ("dataset=npz", "dataset.path"), ("partition=dirichlet", None), ("partition.alpha=0", "partition.alpha"),
+])
+def test_validation_names_key_value_and_rule(override, key):
+    if override == "partition.alpha=0":
+        cfg = cfg_with("partition=dirichlet", override)
+    elif override == "dataset=npz":
+        cfg = cfg_with(override, "dataset.path=/no/such/file.npz")
+    else:
+        cfg = cfg_with(override)
+    if key is None:
+        validate(cfg)
+        return
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key
+    msg = str(err.value)
+    assert key in msg and "allowed" in msg
+
+
+def _train(tmp_path, *overrides):
+    return subprocess.run([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}",
+                           *overrides], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("override, needle", [
+    (["algo.beta=-1"], "algo.beta=-1"), (["algo=nope"], "algo"), (["clients=100000", "dataset=fashion_mnist",
+                                                                   "model=logreg"], "clients=100000"),
+])
+def test_refused_run_leaves_no_run_directory(tmp_path, data_root, override, needle):
+    out = _train(tmp_path, f"data_root={data_root}", *override)
+    assert out.returncode != 0
+    assert needle in out.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,61 @@
+"""Whole runs through `python train.py` on slices of the real datasets."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FMNIST = ["dataset=fashion_mnist", "model=logreg", "clients=4", "rounds=6", "eval_every=2",
+          "dataset.train_limit=2000", "dataset.test_limit=500", "progress=false"]
+
+
+def train(data_root, *overrides, multirun=False):
+    cmd = [sys.executable, str(REPO / "train.py"), *(["-m"] if multirun else []), f"data_root={data_root}",
+           *overrides]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_fashion_mnist_run_is_complete_and_deterministic(tmp_path, data_root):
+    for name in ("a", "b"):
+        train(data_root, *FMNIST, "backend=sequential", f"hydra.run.dir={tmp_path / name}")
+    a, b = (pd.read_csv(tmp_path / n / "metrics.csv") for n in ("a", "b"))
+    assert list(a["round"]) == list(range(7))
+    pd.testing.assert_frame_equal(a.drop(columns="wall_time"), b.drop(columns="wall_time"))
+    assert a["test_acc"].notna().sum() == 4                  # rounds 0, 2, 4, 6
+    assert a["train_loss"].iloc[-1] < a["train_loss"].iloc[1]
+    assert (a["transmissions"].iloc[1:] == 4).all() and a["bytes_uploaded"].iloc[1] == 4 * 7850 * 4
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["data"] == "Fashion-MNIST"
+    assert summary["final_test_acc"] == a["test_acc"].iloc[-1]
+    hist = pd.read_csv(tmp_path / "a" / "partition.csv", index_col=0)
+    assert len(hist) == 4 and hist["total"].sum() == 2000
+
+
+def test_cifar10_private_run_on_jpeg_copy(tmp_path, data_root):
+    train(data_root, "algo=dp_normec", "clients=3", "rounds=2", "dataset.train_limit=300",
+          "dataset.test_limit=100", "save_params=true", "backend=vmap", "progress=false",
+          f"hydra.run.dir={tmp_path}")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["data"] == "CIFAR-10 (JPEG copy)" and summary["status"] == "completed"
+    sigma = math.sqrt(2 * math.log(1e5)) / 8                  # paper rule with K = 2 rounds
+    assert summary["noise_std"] == pytest.approx(sigma) and summary["backend"] == "vmap"
+    assert np.load(tmp_path / "params.npy").shape == (269_722,)
+
+
+def test_divergence_is_recorded_and_sweep_carries_on(tmp_path, data_root):
+    train(data_root, *FMNIST, "algo=dpsgd_norm", "algo.gamma=1e38,0.1,-1", f"hydra.sweep.dir={tmp_path}",
+          multirun=True)
+    jobs = {d.name.split("_", 1)[0]: d for d in tmp_path.iterdir() if d.is_dir()}
+    assert sorted(jobs) == ["0", "1"]                      # job 2 (gamma=-1) refused, no directory left
+    status = [json.loads((jobs[j] / "summary.json").read_text())["status"] for j in ("0", "1")]
+    assert status == ["diverged", "completed"]
+    diverged = pd.read_csv(jobs["0"] / "metrics.csv")
+    assert diverged["round"].iloc[-1] < 6

@@ -1,0 +1,118 @@
+"""The two client backends agree, BatchNorm running statistics follow the documented rule."""
+
+import numpy as np
+import pytest
+import torch
+
+from normfl import models
+from normfl.engine import ClientData, ClientEngine, FlatModel, Preprocess, fold_running_stats
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def make(builder, in_shape=(3, 32, 32), **kw):
+    torch.manual_seed(0)
+    return FlatModel(builder(in_shape, 10, **kw), CPU)
+
+
+def batches(n, b, in_shape=(3, 32, 32), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [[(torch.randn(b, *in_shape, generator=g), torch.randint(0, 10, (b,), generator=g), 1.0)]
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("builder, kw", [(models.resnet20, {}), (models.resnet20, {"norm": "group"}),
+                                         (models.cnn, {}), (models.mlp, {"hidden": [32, 16]}),
+                                         (models.logreg, {})])
+def test_sequential_and_vmap_agree(builder, kw, float64):
+    """Same gradients, losses and running statistics, in float64 so that only real differences show
+    (in float32 a near-constant BatchNorm channel can amplify summation-order noise to ~1e-3)."""
+    data = batches(3, 8)
+    ref, vec = make(builder, **kw), make(builder, **kw)
+    x = ref.vector()
+    G1, l1 = ClientEngine(ref, "sequential").grads(x, data)
+    G2, l2 = ClientEngine(vec, "vmap").grads(x, data)
+    torch.testing.assert_close(G1, G2, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(l1, l2, rtol=1e-9, atol=1e-11)
+    for (name, a), b in zip(ref.module.named_buffers(), vec.module.buffers(), strict=True):   # running stats
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
+    # per-client points [n, d] (local steps): still the same
+    X = x + 0.01 * torch.randn(3, x.numel(), generator=torch.Generator().manual_seed(1))
+    G1, _ = ClientEngine(ref, "sequential").grads(X, data)
+    G2, _ = ClientEngine(vec, "vmap").grads(X, data)
+    torch.testing.assert_close(G1, G2, rtol=1e-9, atol=1e-11)
+
+
+def test_batchnorm_running_stats_are_client_ordered_ema():
+    """After one round the running mean equals the EMA over the clients' batch means, in order."""
+    flat = make(models.resnet20)
+    data = batches(4, 16)
+    ClientEngine(flat, "vmap").grads(flat.vector(), data)
+    r = torch.zeros(16)
+    for (xb, _, _) in (d[0] for d in data):          # first BN sees conv1(x) batch statistics
+        with torch.no_grad():
+            mu = flat.module.conv1(xb).mean((0, 2, 3))
+        r = 0.9 * r + 0.1 * mu
+    torch.testing.assert_close(flat.module.bn1.running_mean, r, rtol=1e-4, atol=1e-6)
+    assert flat.module.bn1.num_batches_tracked.item() == 4
+
+
+def test_fold_running_stats_identity_for_one_client():
+    flat = make(models.resnet20)
+    start = flat.buffers()
+    copies = {k: (v + 1).unsqueeze(0) for k, v in start.items()}
+    out = fold_running_stats(flat.module, start, copies)
+    torch.testing.assert_close(out["bn1.running_mean"], start["bn1.running_mean"] + 1)
+
+
+def test_full_oracle_is_exact_mean_gradient_over_shard():
+    torch.manual_seed(0)
+    x_all = torch.randint(0, 256, (50, 1, 4, 4), dtype=torch.uint8)
+    y_all = torch.randint(0, 10, (50,))
+    parts = [np.arange(0, 23), np.arange(23, 50)]
+    prep = Preprocess((0.5,), (0.25,), CPU)
+    data = ClientData(x_all, y_all, parts, batch_size=8, seed=0, prep=prep, augment=False,
+                      oracle="full", chunk=10)
+    flat = make(models.logreg, in_shape=(1, 4, 4))
+    G, loss = ClientEngine(flat, "sequential").grads(flat.vector(), data.next_batches())
+    for i, p in enumerate(parts):
+        flat.module.zero_grad()
+        ll = torch.nn.functional.cross_entropy(flat.module(prep(x_all[p])), y_all[p])
+        ll.backward()
+        expect = torch.cat([q.grad.reshape(-1) for q in flat.module.parameters()])
+        torch.testing.assert_close(G[i], expect, rtol=1e-5, atol=1e-6)
+        assert loss[i].item() == pytest.approx(ll.item(), rel=1e-5)
+
+
+def test_minibatch_stream_reshuffles_per_pass_and_is_seeded():
+    x_all = torch.arange(20, dtype=torch.float32).reshape(20, 1, 1, 1)
+    parts = [np.arange(0, 10), np.arange(10, 20)]
+    prep = Preprocess((), (), CPU)
+
+    def stream(seed):
+        d = ClientData(x_all, torch.zeros(20, dtype=torch.long), parts, 3, seed, prep, augment=False)
+        return [[b[0][0].flatten().tolist() for b in d.next_batches()] for _ in range(6)]
+
+    s = stream(0)
+    assert s == stream(0) and s != stream(1)
+    first_pass = sorted(v for r in s[:3] for v in r[0])
+    assert len(set(first_pass)) == 9 and set(first_pass) <= set(range(10))   # no repeats within a pass
+    assert all(set(r[1]) <= set(range(10, 20)) for r in s)                 # clients keep to their shards
+
+
+def test_flat_vector_roundtrip():
+    flat = make(models.cnn, in_shape=(1, 28, 28))
+    x = torch.randn(flat.dim)
+    flat.load(x)
+    torch.testing.assert_close(flat.vector(), x)
+    assert flat.dim == 582_026
+    params = flat.as_params(torch.stack([x, 2 * x]))
+    assert params["0.weight"].shape == (2, 32, 1, 5, 5)
