@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -32,16 +33,24 @@ def build_data(cfg: DictConfig):
     """The dataset (with its label) and the client partition, as the config says."""
     extra = ("augment", "train_limit", "test_limit")
     ds_cfg = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k not in extra}
-    ds = instantiate(ds_cfg)
+    try:
+        ds = instantiate(ds_cfg)
+    except InstantiationException as err:  # e.g. a split the data cannot give
+        if isinstance(err.__cause__, FileNotFoundError):
+            raise err.__cause__ from None
+        raise ConfigError("dataset", cfg.dataset._target_.rsplit(".", 1)[1], str(err.__cause__ or err)) from err
     if cfg.dataset.train_limit or cfg.dataset.test_limit:
         ds = ds.head(cfg.dataset.train_limit, cfg.dataset.test_limit)
     if cfg.clients > len(ds.y_train):
         raise ConfigError("clients", cfg.clients, f"at most the {len(ds.y_train)} training samples")
     split = instantiate(cfg.partition)
-    if cfg.partition._target_.endswith("natural"):
-        parts = split(ds.client_ids.numpy(), num_clients=cfg.clients)
-    else:
-        parts = split(ds.y_train.numpy(), num_clients=cfg.clients, seed=cfg.seed)
+    try:
+        if cfg.partition._target_.endswith("natural"):
+            parts = split(ds.client_ids.numpy(), num_clients=cfg.clients)
+        else:
+            parts = split(ds.y_train.numpy(), num_clients=cfg.clients, seed=cfg.seed)
+    except ValueError as err:  # the partition cannot be made from this data
+        raise ConfigError("partition", cfg.partition._target_.rsplit(".", 1)[1], str(err)) from err
     return ds, parts
 
 
@@ -69,9 +78,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     engine = ClientEngine(flat, cfg.backend)
     pending = [data.next_batches()]
     if cfg.backend == "auto":
-        key = "|".join(map(str, (type(model).__name__, flat.dim, device, cfg.clients, cfg.batch_size,
-                                 cfg.oracle, torch.__version__, torch.get_num_threads())))
-        engine.backend = choose_backend(engine, x, pending[0], key)
+        engine.backend = choose_backend(engine, x, pending[0], _backend_key(cfg, flat.dim, device))
     elif cfg.backend == "vmap" and len({tuple(b[0][0].shape) for b in pending[0]}) > 1:
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
 
@@ -128,6 +135,13 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "versions": {"normfl": normfl.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
     })
+
+
+def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
+    """What the faster backend depends on: model, size, hardware, clients, batch, torch, threads."""
+    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return "|".join(map(str, (cfg.model._target_.rsplit(".", 1)[1], dim, device, hw, cfg.clients, cfg.batch_size,
+                              cfg.oracle, torch.__version__, torch.get_num_threads())))
 
 
 def main(cfg: DictConfig) -> dict | None:

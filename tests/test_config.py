@@ -72,6 +72,7 @@ def _train(tmp_path, *overrides):
 @pytest.mark.parametrize("override, needle", [
     (["algo.beta=-1"], "algo.beta=-1"), (["algo=nope"], "algo"), (["clients=100000", "dataset=fashion_mnist",
                                                                    "model=logreg"], "clients=100000"),
+    (["dataset=fashion_mnist", "partition=shards", "partition.num_shards=7"], "num_shards=7"),
 ])
 def test_refused_run_leaves_no_run_directory(tmp_path, data_root, override, needle):
     out = _train(tmp_path, f"data_root={data_root}", *override)

@@ -52,10 +52,18 @@ def test_cifar10_private_run_on_jpeg_copy(tmp_path, data_root):
 
 def test_divergence_is_recorded_and_sweep_carries_on(tmp_path, data_root):
     train(data_root, *FMNIST, "algo=dpsgd_norm", "algo.gamma=1e38,0.1,-1", f"hydra.sweep.dir={tmp_path}",
-          multirun=True)
+          "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", multirun=True)
     jobs = {d.name.split("_", 1)[0]: d for d in tmp_path.iterdir() if d.is_dir()}
     assert sorted(jobs) == ["0", "1"]                      # job 2 (gamma=-1) refused, no directory left
     status = [json.loads((jobs[j] / "summary.json").read_text())["status"] for j in ("0", "1")]
     assert status == ["diverged", "completed"]
     diverged = pd.read_csv(jobs["0"] / "metrics.csv")
     assert diverged["round"].iloc[-1] < 6
+
+
+def test_wandb_offline_logger_needs_no_network(tmp_path, data_root, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    train(data_root, *FMNIST, "logger=wandb", "logger.mode=offline", f"hydra.run.dir={tmp_path}")
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
