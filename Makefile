@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: install run test lint clean
+.PHONY: install run test lint bench privacy-table clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ test: $(STAMP)             ## the test suite (real data slices from ../shared/da
 
 lint: $(STAMP)
 	$(BIN)/ruff check normfl tests scripts train.py
+
+bench: $(STAMP)            ## per-round client time of each backend (ratios), default setup
+	$(BIN)/python scripts/bench_backends.py $(ARGS)
+
+privacy-table: $(STAMP)    ## regenerate docs/privacy.md from dp-accounting
+	$(BIN)/python scripts/privacy_table.py > docs/privacy.md.tmp && mv docs/privacy.md.tmp docs/privacy.md
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache

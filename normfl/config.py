@@ -10,9 +10,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES, PARTICIPATION
+from normfl.algorithms.local import OPERATORS
 from normfl.data.sources import SPLITS
 from normfl.engine import BACKENDS, ORACLES
-from normfl.privacy import LOG_BASES, NOISE_ON
+from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
 
 
 class ConfigError(ValueError):
@@ -73,6 +75,34 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "privacy.noise_multiplier_override", lambda v: v >= 0, "null or a number >= 0", optional=True)
     _choice(cfg, "privacy.log_base", LOG_BASES + (10,))
     _choice(cfg, "privacy.noise_on", NOISE_ON)
+    _choice(cfg, "privacy.calibration", CALIBRATIONS, optional=False)
+    _choice(cfg, "privacy.neighbouring", RELATIONS, optional=False)
+    _choice(cfg, "privacy.amplification", (True, False), optional=False)
+    _choice(cfg, "accountant.name", ("paper",) + ACCOUNTANTS, optional=False)
+    formula = cfg.privacy.calibration == "paper" or cfg.accountant.name == "paper"
+    if (not formula and cfg.accountant.name == "rdp" and cfg.privacy.neighbouring == "replace"
+            and cfg.privacy.amplification):
+        raise ConfigError("accountant", "rdp", "pld for Poisson sampling under replace-one (dp-accounting's RDP "
+                          "does not support it)")
+    if cfg.privacy.noise_on == "raw_delta" and not formula:
+        raise ConfigError("privacy.noise_on", "raw_delta", "scaled_message when calibrating with an accountant")
+
+    _number(cfg, "algo.eta", lambda v: v > 0, "null or a number > 0", optional=True)
+    _number(cfg, "algo.local_steps", lambda v: v >= 1, "an integer >= 1", integer=True, optional=True)
+    _number(cfg, "algo.ig_batch_size", lambda v: v >= 1, "an integer >= 1", integer=True, optional=True)
+    _choice(cfg, "algo.local_operator", OPERATORS)
+    _choice(cfg, "algo.memory_update", MEMORY_UPDATES)
+    _choice(cfg, "algo.participation", PARTICIPATION)
+    _choice(cfg, "algo.bounding", BOUNDINGS)
+    _choice(cfg, "algo.noise_by", ("client", "server"))
+    if _get(cfg, "algo.participation") == "cohort":
+        _number(cfg, "algo.cohort_size", lambda v: 1 <= v <= cfg.clients, f"an integer in [1, clients={cfg.clients}]",
+                integer=True)
+        if cfg.privacy.amplification and cfg.algo.get("private"):
+            raise ConfigError("privacy.amplification", True, "false with cohort participation (amplification is "
+                              "accounted for Poisson sampling only)")
+    if _get(cfg, "algo.bounding") == "none" and cfg.algo.get("private"):
+        raise ConfigError("algo.bounding", "none", "norm or clip when algo.private=true (the noise needs a bound)")
 
     _choice(cfg, "dataset.split", SPLITS, optional=False)
     _number(cfg, "dataset.holdout_fraction", lambda v: 0 < v < 1, "a number in (0, 1)")

@@ -20,9 +20,7 @@ across clients beyond this, and they are not part of x.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from normfl.cache import memo
 from normfl.data import augment_crop_flip, normalize
 
 BACKENDS = ("auto", "sequential", "vmap")
@@ -155,6 +154,42 @@ class ClientData:
                         for c in pieces])
         return out
 
+    def cyclic_batches(self, batch_size: int) -> list[list[list[tuple]]]:
+        """One fixed-order pass over every shard in consecutive batches (no shuffling, no
+        augmentation): a list of steps, each a per-client list of one (x, y, b_j / N_i) piece.
+        Needs equal shard sizes, so that all clients take the same number of steps."""
+        sizes = {len(p) for p in self.parts}
+        if len(sizes) > 1:
+            raise ValueError(f"an incremental-gradient pass needs equal shard sizes, got {sorted(sizes)}")
+        n_i = sizes.pop()
+        steps = []
+        for s in range(0, n_i, batch_size):
+            idx = [p[s:s + batch_size] for p in self.parts]
+            steps.append([[(self.prep(self.x[i]), self.y[i].to(self.prep.device), len(i) / n_i)] for i in idx])
+        return steps
+
+
+class Clients:
+    """The clients as an algorithm sees them: gradients on their next batches, or on given ones."""
+
+    def __init__(self, engine: ClientEngine, data: ClientData):
+        self.engine, self.data = engine, data
+        self._pending: list = []
+
+    def peek(self):
+        """The next round's batches, drawn now and used by the next ``grads`` call."""
+        if not self._pending:
+            self._pending.append(self.data.next_batches())
+        return self._pending[0]
+
+    def grads(self, x: torch.Tensor, batches=None):
+        if batches is None:
+            batches = self._pending.pop() if self._pending else self.data.next_batches()
+        return self.engine.grads(x, batches)
+
+    def cyclic_pass(self, batch_size: int):
+        return self.data.cyclic_batches(batch_size)
+
 
 class ClientEngine:
     """Per-client gradients ``G[i] = grad f_i(X[i])`` and losses, by the chosen backend."""
@@ -228,37 +263,26 @@ def fold_running_stats(module: nn.Module, start: dict, copies: dict) -> dict:
 
 
 def choose_backend(engine: ClientEngine, x: torch.Tensor, batches, key: str, reps: int = 2) -> str:
-    """Time both backends on real batches (model state restored) and return the faster one."""
-    cache = Path.home() / ".cache" / "normfl" / "backend.json"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key in known:
-        return known[key]
+    """Time both backends on real batches (model state restored) and return the faster one;
+    remembered per ``key`` (see ``normfl.cache``)."""
     shapes = {tuple(b[0][0].shape) for b in batches}
     if len(shapes) > 1 or any(len(b) != len(batches[0]) for b in batches):
         return "sequential"                                   # vmap needs equal batch shapes
-    saved, times = engine.flat.buffers(), {}
-    for name in ("sequential", "vmap"):
-        engine.backend = name
-        engine.grads(x, batches)                              # warm-up
-        runs = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            engine.grads(x, batches)
-            if x.is_cuda:
-                torch.cuda.synchronize()
-            runs.append(time.perf_counter() - t)
-        times[name] = min(runs)
-    engine.flat.set_buffers(saved)
-    best = min(times, key=times.get)
-    known[key] = best
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        tmp.replace(cache)
-    except OSError:
-        pass
-    return best
+
+    def measure():
+        saved, times = engine.flat.buffers(), {}
+        for name in ("sequential", "vmap"):
+            engine.backend = name
+            engine.grads(x, batches)                          # warm-up
+            runs = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                engine.grads(x, batches)
+                if x.is_cuda:
+                    torch.cuda.synchronize()
+                runs.append(time.perf_counter() - t)
+            times[name] = min(runs)
+        engine.flat.set_buffers(saved)
+        return min(times, key=times.get)
+
+    return memo("backend", key, measure)

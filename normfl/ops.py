@@ -6,6 +6,7 @@ per row (spec normec.md §1.2), never per layer.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -36,8 +37,14 @@ def server_step(x: torch.Tensor, direction: torch.Tensor, step: float, normalize
     return x - step * (normalize(direction) if normalized else direction)
 
 
+def round_generator(seed: int, stream: int, round_: int, device) -> torch.Generator:
+    """A generator for one (seed, stream, round): independent streams for noise and participation."""
+    state = np.random.SeedSequence([seed, stream, round_]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator(device=device).manual_seed(int(state) & (2**63 - 1))
+
+
 class GaussianNoise:
-    """Gaussian privatizer: adds N(0, std^2 I) to each row of a stack.
+    """Gaussian privatizer: adds N(0, std^2 I) to each row of a stack (or to one vector).
 
     ``std`` is the per-coordinate standard deviation on the vector it is applied to; ``who`` says
     whether each client adds its own noise ('client') or the server adds one draw ('server').
@@ -51,5 +58,22 @@ class GaussianNoise:
     def __call__(self, v: torch.Tensor, round_: int) -> torch.Tensor:
         if self.std == 0.0:
             return v
-        gen = torch.Generator(device=v.device).manual_seed(self.seed * 1_000_003 + round_)
+        gen = round_generator(self.seed, 0, round_, v.device)
         return v + self.std * torch.randn(v.shape, generator=gen, device=v.device, dtype=v.dtype)
+
+
+def bernoulli_weights(n: int, p: float, seed: int, round_: int, device=None) -> torch.Tensor:
+    """q_i = 1/p with probability p, else 0, independently per client (FEDNORMEC Alg. 1 line 7)."""
+    if p >= 1.0:
+        return torch.ones(n, device=device)
+    gen = round_generator(seed, 1, round_, device)
+    return (torch.rand(n, generator=gen, device=device) < p).float() / p
+
+
+def cohort_weights(n: int, size: int, seed: int, round_: int, device=None) -> torch.Tensor:
+    """A uniform cohort of ``size`` clients without replacement, weighted n/size (0 for the rest), so
+    that (1/n) sum_i q_i u_i is the cohort mean."""
+    gen = round_generator(seed, 1, round_, device)
+    q = torch.zeros(n, device=device)
+    q[torch.randperm(n, generator=gen, device=device)[:size]] = n / size
+    return q

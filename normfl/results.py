@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-COLUMNS = ("round", "train_loss", "test_loss", "test_acc", "noise_std", "transmissions",
+COLUMNS = ("round", "train_loss", "test_loss", "test_acc", "eps_rdp", "eps_pld", "noise_std", "transmissions",
            "transmissions_total", "bytes_uploaded", "bytes_total", "wall_time")
 
 

@@ -21,8 +21,8 @@ from tqdm import tqdm
 import normfl
 from normfl.config import ConfigError, validate, validate_data
 from normfl.data import label_histogram
-from normfl.engine import ClientData, ClientEngine, FlatModel, Preprocess, choose_backend, pick_device
-from normfl.privacy import PaperNoise
+from normfl.engine import ClientData, ClientEngine, Clients, FlatModel, Preprocess, choose_backend, pick_device
+from normfl.privacy import Ledger, Privacy
 from normfl.results import Recorder, write_atomic
 
 log = logging.getLogger("normfl")
@@ -69,45 +69,47 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     flat = FlatModel(model, device)
     x = flat.vector()
     algo = instantiate(cfg.algo)
-    privacy = PaperNoise(**OmegaConf.to_container(cfg.privacy, resolve=True))
+    privacy = build_privacy(cfg)
     algo.setup(x, cfg.clients, cfg.rounds, privacy, cfg.seed)
+    ledger = Ledger(privacy.mechanism(algo.noise_multiplier, algo.p), privacy.delta) if algo.private else None
 
     prep = Preprocess(ds.mean, ds.std, device)
     data = ClientData(ds.x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
     engine = ClientEngine(flat, cfg.backend)
-    pending = [data.next_batches()]
+    clients = Clients(engine, data)
     if cfg.backend == "auto":
-        engine.backend = choose_backend(engine, x, pending[0], _backend_key(cfg, flat.dim, device))
-    elif cfg.backend == "vmap" and len({tuple(b[0][0].shape) for b in pending[0]}) > 1:
+        engine.backend = choose_backend(engine, x, clients.peek(), _backend_key(cfg, flat.dim, device))
+    elif cfg.backend == "vmap" and len({tuple(b[0][0].shape) for b in clients.peek()}) > 1:
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
 
-    def grads(at):
-        return engine.grads(at, pending.pop() if pending else data.next_batches())
-
-    hist = label_histogram(parts, ds.y_train.numpy(), ds.num_classes)
-    hist.to_csv(out_dir / "partition.csv")
+    label_histogram(parts, ds.y_train.numpy(), ds.num_classes).to_csv(out_dir / "partition.csv")
     rec = Recorder(out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
     elem_bytes = x.element_size() * flat.dim
 
-    def evaluate(at):
-        return flat.evaluate(at, ds.x_test, ds.y_test, prep)
+    def evaluate(row, at, k):
+        row["test_loss"], row["test_acc"] = flat.evaluate(at, ds.x_test, ds.y_test, prep)
+        if ledger is not None:
+            spent = ledger.spent(k)
+            row["eps_rdp"], row["eps_pld"] = spent["rdp"], spent["pld"]
 
-    test_loss, test_acc = evaluate(x)
-    rec.add({"round": 0, "test_loss": test_loss, "test_acc": test_acc, "noise_std": algo.noise.std,
-             "transmissions": 0, "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0,
-             "wall_time": 0.0})
+    row0 = {"round": 0, "noise_std": algo.noise.std, "transmissions": 0, "transmissions_total": 0,
+            "bytes_uploaded": 0, "bytes_total": 0, "wall_time": 0.0}
+    evaluate(row0, x, 0)
+    rec.add(row0)
     status, sent, t0 = "completed", 0, time.perf_counter()
     bar = tqdm(range(cfg.rounds), disable=not cfg.progress, desc=cfg.algo.name, dynamic_ncols=True)
     for k in bar:
-        x, info = algo.round(k, x, grads)
+        x, info = algo.round(k, x, clients)
         sent += info["uploads"]
         row = {"round": k + 1, "train_loss": info["loss"], "noise_std": algo.noise.std,
                "transmissions": info["uploads"], "transmissions_total": sent,
                "bytes_uploaded": info["uploads"] * elem_bytes, "bytes_total": sent * elem_bytes}
         diverged = not math.isfinite(info["loss"]) or not bool(torch.isfinite(x).all())
-        if diverged or (k + 1) % cfg.eval_every == 0 or k + 1 == cfg.rounds:
-            row["test_loss"], row["test_acc"] = evaluate(x) if not diverged else (math.nan, math.nan)
+        if diverged:
+            row["test_loss"] = row["test_acc"] = math.nan
+        elif (k + 1) % cfg.eval_every == 0 or k + 1 == cfg.rounds:
+            evaluate(row, x, k + 1)
             bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{row['test_acc']:.3f}")
         row["wall_time"] = time.perf_counter() - t0
         rec.add(row)
@@ -129,12 +131,29 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "split": ds.split, "train_size": len(ds.y_train), "test_size": len(ds.y_test),
         "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": flat.dim,
         "backend": engine.backend, "device": str(device), "threads": torch.get_num_threads(),
-        "noise_std": algo.noise.std, "noise_by": algo.noise.who if algo.private else None,
-        "private": algo.private, "wall_time_s": time.perf_counter() - t_start,
+        "noise_std": algo.noise.std, "private": algo.private,
+        "privacy": _privacy_summary(privacy, algo, ledger, rec.rows[-1]["round"]) if algo.private else None,
+        "wall_time_s": time.perf_counter() - t_start,
         "seconds_per_round": (time.perf_counter() - t0) / max(1, rec.rows[-1]["round"]),
         "versions": {"normfl": normfl.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
     })
+
+
+def build_privacy(cfg: DictConfig) -> Privacy:
+    return Privacy(accountant=cfg.accountant.name, **OmegaConf.to_container(cfg.privacy, resolve=True))
+
+
+def _privacy_summary(privacy: Privacy, algo, ledger: Ledger, rounds_done: int) -> dict:
+    spent = ledger.spent(rounds_done)
+    return {
+        "target_epsilon": privacy.epsilon, "delta": privacy.delta,
+        "calibration": "paper formula" if privacy.uses_formula else f"solved with {privacy.accountant}",
+        "noise_by": algo.noise_by, "noise_multiplier": algo.noise_multiplier, "sampling_rate": algo.p,
+        "neighbouring": privacy.neighbouring, "amplification_claimed": privacy.amplification and algo.p < 1,
+        "epsilon_rdp": spent["rdp"], "epsilon_pld": spent["pld"],
+        "assumptions": privacy.assumptions(algo.noise_by, algo.p),
+    }
 
 
 def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:

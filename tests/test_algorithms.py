@@ -5,17 +5,27 @@ import torch
 
 from normfl.algorithms import Clip21, DPSGDNorm, NormEC
 from normfl.ops import norm_alpha
-from normfl.privacy import PaperNoise
+from normfl.privacy import Privacy
 
-NOPRIV = PaperNoise()
+NOPRIV = Privacy()
+
+
+class Quadratic:
+    """Clients with f_i(x) = ½ ||x - b_i||², so ∇f_i(x) = x - b_i (x of shape [d] or [n, d])."""
+
+    def __init__(self, centers, noise=0.0, seed=0):
+        self.centers, self.noise = centers, noise
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def grads(self, x, batches=None):
+        G = x - self.centers
+        if self.noise:                                      # stochastic: fresh every call
+            G = G + self.noise * torch.randn(G.shape, generator=self.gen, dtype=G.dtype)
+        return G, 0.5 * (G ** 2).sum(1)
 
 
 def quadratic(centers):
-    """f_i(x) = ½ ||x - b_i||²: ∇f_i(x) = x - b_i, every client evaluated at the same x."""
-    def grads(x):
-        G = x.unsqueeze(0) - centers
-        return G, 0.5 * (G ** 2).sum(1)
-    return grads
+    return Quadratic(centers)
 
 
 def run(algo, x, grads, rounds, privacy=NOPRIV, n=None):
@@ -58,12 +68,8 @@ def test_normec_two_rounds_by_hand():
 
 def test_ef21_invariant_without_noise():
     """ĝ^k = (1/n) Σ g_i^k at every round (spec §7 item 3)."""
-    gen = torch.Generator().manual_seed(1)
-    centers = torch.randn(5, 30, generator=gen, dtype=torch.float64)
-
-    def noisy_grads(x):  # stochastic gradients: different every call
-        G = x.unsqueeze(0) - centers + 0.3 * torch.randn(5, 30, generator=gen, dtype=torch.float64)
-        return G, G.sum(1)
+    centers = torch.randn(5, 30, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    noisy_grads = Quadratic(centers, noise=0.3)
 
     for algo in (NormEC(0.1, 0.3, 0.01, server_norm=True), Clip21(0.1, 0.5)):
         algo.setup(torch.zeros(30, dtype=torch.float64), 5, 40, NOPRIV, 0)
@@ -80,7 +86,7 @@ def test_clip21_with_large_threshold_is_minibatch_sgd():
     traj = run(Clip21(gamma=0.2, beta=1e6), torch.zeros(2, dtype=torch.float64), grads, 10, n=3)
     x = torch.zeros(2, dtype=torch.float64)
     for xk in traj[1:]:
-        x = x - 0.2 * grads(x)[0].mean(0)
+        x = x - 0.2 * grads.grads(x)[0].mean(0)
         torch.testing.assert_close(xk, x)
 
 
@@ -88,7 +94,7 @@ def test_dpsgd_norm_step():
     centers = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
     grads = quadratic(centers)
     x1 = run(DPSGDNorm(gamma=0.5, beta=2.0, alpha=0.1), torch.zeros(2, dtype=torch.float64), grads, 1)[-1]
-    expect = -0.5 * (2.0 * norm_alpha(grads(torch.zeros(2, dtype=torch.float64))[0], 0.1)).mean(0)
+    expect = -0.5 * (2.0 * norm_alpha(grads.grads(torch.zeros(2, dtype=torch.float64))[0], 0.1)).mean(0)
     torch.testing.assert_close(x1, expect)
 
 
@@ -98,7 +104,7 @@ def test_dp_normec_client_noise(noise_on, factor):
     n, d, rounds = 4, 20_000, 300
     centers = torch.randn(n, d, generator=torch.Generator().manual_seed(2))
     algo = NormEC(gamma=0.01, beta=0.01, alpha=0.01, server_norm=False, private=True)
-    privacy = PaperNoise(epsilon=8, delta=1e-5, noise_on=noise_on)
+    privacy = Privacy(epsilon=8, delta=1e-5, noise_on=noise_on)
     algo.setup(torch.zeros(d), n, rounds, privacy, seed=5)
     sigma = 7.3462 * factor
     assert algo.noise.std == pytest.approx(sigma, rel=1e-4)
@@ -110,8 +116,8 @@ def test_dp_normec_client_noise(noise_on, factor):
 
 def test_dp_clip21_noise_is_beta_times_sigma():
     algo = Clip21(gamma=0.1, beta=0.01, private=True)
-    algo.setup(torch.zeros(3), 2, 300, PaperNoise(), 0)
+    algo.setup(torch.zeros(3), 2, 300, Privacy(), 0)
     assert algo.noise.std == pytest.approx(0.01 * 7.3462, rel=1e-4)
     algo = DPSGDNorm(gamma=0.1, beta=0.1, alpha=0.01)       # non-private by default: no noise
-    algo.setup(torch.zeros(3), 2, 300, PaperNoise(), 0)
+    algo.setup(torch.zeros(3), 2, 300, Privacy(), 0)
     assert algo.noise.std == 0.0

@@ -40,16 +40,21 @@ def test_default_is_normec_setup():
 @pytest.mark.parametrize("override, key", [
     ("rounds=0", "rounds"), ("clients=0", "clients"), ("algo.beta=0", "algo.beta"),
     ("algo.beta=-1", "algo.beta"), ("algo.gamma=0", "algo.gamma"), ("algo.alpha=-0.1", "algo.alpha"),
-    ("+p=0", "p"), ("+p=1.5", "p"), ("privacy.epsilon=0", "privacy.epsilon"),
+    ("p=0", "p"), ("p=1.5", "p"), ("algo=fed_normec", None), ("algo.eta=0", "algo.eta"),
+    ("privacy.epsilon=0", "privacy.epsilon"),
     ("privacy.delta=1", "privacy.delta"), ("privacy.delta=0", "privacy.delta"),
     ("oracle=exact", "oracle"), ("backend=gpu", "backend"), ("device=cpu", None),
     ("dataset.split=random", "dataset.split"), ("batch_size=0", "batch_size"),
     ("model.norm=layer", "model.norm"), ("privacy.noise_on=server", "privacy.noise_on"),
     ("dataset=npz", "dataset.path"), ("partition=dirichlet", None), ("partition.alpha=0", "partition.alpha"),
+    ("privacy.calibration=exact", "privacy.calibration"), ("privacy.neighbouring=swap", "privacy.neighbouring"),
+    ("accountant=pld", None), ("accountant.name=prv", "accountant.name"),
 ])
 def test_validation_names_key_value_and_rule(override, key):
     if override == "partition.alpha=0":
         cfg = cfg_with("partition=dirichlet", override)
+    elif override == "algo.eta=0":
+        cfg = cfg_with("algo=fed_normec", override)
     elif override == "dataset=npz":
         cfg = cfg_with(override, "dataset.path=/no/such/file.npz")
     else:
@@ -79,3 +84,20 @@ def test_refused_run_leaves_no_run_directory(tmp_path, data_root, override, need
     assert out.returncode != 0
     assert needle in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["algo=dp_fedavg", "algo.bounding=none"], "algo.bounding"),
+    (["algo=fed_normec", "algo.local_operator=sgd"], "algo.local_operator"),
+    (["algo=fed_normec", "algo.local_steps=0"], "algo.local_steps"),
+    (["algo=dp_fedavg", "algo.participation=cohort", "algo.cohort_size=11"], "algo.cohort_size"),
+    (["algo=dp_fedavg", "algo.participation=cohort", "algo.cohort_size=5", "privacy.amplification=true"],
+     "privacy.amplification"),
+    (["privacy.calibration=accountant", "accountant=rdp", "privacy.neighbouring=replace",
+      "privacy.amplification=true"], "accountant"),
+    (["privacy.calibration=accountant", "accountant=pld", "privacy.noise_on=raw_delta"], "privacy.noise_on"),
+])
+def test_federated_and_privacy_combinations_are_checked(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg_with(*overrides))
+    assert err.value.key == key

@@ -67,3 +67,27 @@ def test_wandb_offline_logger_needs_no_network(tmp_path, data_root, monkeypatch)
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+
+
+def test_fed_normec_full_participation_reproduces_normec_run(tmp_path, data_root):
+    common = [*FMNIST, "backend=sequential", "algo.beta=0.1", "algo.gamma=0.1", "algo.alpha=0.01"]
+    train(data_root, *common, "algo=normec", "algo.server_norm=false", f"hydra.run.dir={tmp_path / 'ec'}")
+    train(data_root, *common, "algo=fed_normec", "p=1", f"hydra.run.dir={tmp_path / 'fed'}")
+    a, b = (pd.read_csv(tmp_path / n / "metrics.csv") for n in ("ec", "fed"))
+    cols = ["round", "train_loss", "test_loss", "test_acc", "transmissions_total"]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+
+
+def test_private_partial_participation_run_reports_its_privacy(tmp_path, data_root):
+    train(data_root, *FMNIST, "algo=dp_fed_normec", "p=0.5", f"hydra.run.dir={tmp_path}")
+    m = pd.read_csv(tmp_path / "metrics.csv")
+    sent = m["transmissions"].iloc[1:]
+    assert sent.min() >= 0 and sent.max() <= 4 and m["transmissions_total"].iloc[-1] == sent.sum()
+    assert m["bytes_total"].iloc[-1] == sent.sum() * 7850 * 4
+    evals = m.dropna(subset=["test_acc"])
+    assert evals["eps_pld"].is_monotonic_increasing and evals["eps_rdp"].iloc[0] == 0
+    priv = json.loads((tmp_path / "summary.json").read_text())["privacy"]
+    sigma = 0.5 * math.sqrt(6 * math.log(1e5)) / 8          # p σ_mult with K = 6 rounds
+    assert priv["noise_multiplier"] == pytest.approx(sigma)
+    assert priv["amplification_claimed"] is False and "no amplification" in priv["assumptions"]
+    assert priv["epsilon_pld"] == pytest.approx(evals["eps_pld"].iloc[-1])

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from normfl.ops import GaussianNoise, clip, norm_alpha, row_norms, server_step
-from normfl.privacy import PaperNoise
+from normfl.privacy import Privacy
 
 
 @pytest.fixture
@@ -57,13 +57,13 @@ def test_gaussian_noise_std_fresh_and_seeded():
 
 def test_paper_noise_multiplier_matches_spec_table():
     # spec normec.md §4.3, ε = 8, δ = 1e-5
-    pn = PaperNoise(epsilon=8, delta=1e-5)
+    pn = Privacy(epsilon=8, delta=1e-5)
     assert pn.noise_multiplier(300) == pytest.approx(7.3462, abs=1e-4)
     assert pn.noise_multiplier(300, p=0.25) == pytest.approx(1.8366, abs=1e-4)
     assert pn.noise_multiplier(150) == pytest.approx(5.1946, abs=1e-4)
-    assert PaperNoise(K_plus_one=True).noise_multiplier(300) == pytest.approx(7.3584, abs=1e-4)
-    assert PaperNoise(log_base="10").noise_multiplier(300) == pytest.approx(4.8412, abs=1e-4)
-    assert PaperNoise(sqrt_covers_log=False).noise_multiplier(300) == pytest.approx(24.926, abs=1e-3)
+    assert Privacy(K_plus_one=True).noise_multiplier(300) == pytest.approx(7.3584, abs=1e-4)
+    assert Privacy(log_base="10").noise_multiplier(300) == pytest.approx(4.8412, abs=1e-4)
+    assert Privacy(sqrt_covers_log=False).noise_multiplier(300) == pytest.approx(24.926, abs=1e-3)
     # std on an upload bounded by 1 whose server weight is β: σ_mult (default) or β σ_mult (alt B)
     assert pn.upload_std(1.0, 0.01, 300) == pytest.approx(7.3462, abs=1e-4)
-    assert PaperNoise(noise_on="raw_delta").upload_std(1.0, 0.01, 300) == pytest.approx(0.073462, abs=1e-6)
+    assert Privacy(noise_on="raw_delta").upload_std(1.0, 0.01, 300) == pytest.approx(0.073462, abs=1e-6)

@@ -8,7 +8,7 @@ Gaussian draw of std β·σ_mult (eq. 3 with B = n, c = 1) to the aggregate. No 
 
 from __future__ import annotations
 
-from normfl.algorithms.base import Algorithm, GradFn
+from normfl.algorithms.base import Algorithm, Clients
 from normfl.ops import norm_alpha, server_step
 
 
@@ -19,8 +19,12 @@ class DPSGDNorm(Algorithm):
         super().__init__(gamma, beta, alpha, private, name)
         self.upload_bound = self.beta  # Φ = ||β Norm_α(.)|| <= β
 
-    def round(self, k: int, x, grads: GradFn):
-        G, loss = grads(x)                                    # ∇f_i(x^k), all n clients (B = n)
+    def round(self, k: int, x, clients: Clients):
+        G, loss = clients.grads(x)                                  # ∇f_i(x^k), all n clients (B = n)
         psi = self.beta * norm_alpha(G, self.alpha)           # Ψ(∇f_i(x^k)) = β Norm_α(∇f_i(x^k))
         agg = self.noise(psi.mean(0), k)                      # (1/B) Σ Ψ + z^k
         return server_step(x, agg, self.gamma, False), {"loss": loss.mean().item(), "uploads": len(G)}
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.noise.std * self.num_clients / self.upload_bound   # the mean has sensitivity β/n

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from normfl.algorithms.base import Algorithm, GradFn
+from normfl.algorithms.base import Algorithm, Clients
 from normfl.ops import clip, norm_alpha, server_step
 
 
@@ -25,8 +25,8 @@ class EF21(Algorithm):
         self.g = torch.zeros(num_clients, x0.numel(), device=x0.device, dtype=x0.dtype)   # g_i^0 = 0 (A6)
         self.ghat = self.g.mean(0)                                                        # ĝ^0 = mean g_i^0
 
-    def round(self, k: int, x: torch.Tensor, grads: GradFn):
-        G, loss = grads(x)                                   # 4: local gradients at x^k
+    def round(self, k: int, x: torch.Tensor, clients: Clients):
+        G, loss = clients.grads(x)                                 # 4: local gradients at x^k
         delta = self.psi(G - self.g)                         # 5: Δ_i = Ψ(∇f_i(x^k) - g_i^k)
         self.g += self.weight * delta                        # 6: g_i^{k+1} = g_i^k + β Δ_i
         sent = self.noise(delta, k)                          # 7/8: Δ̂_i = Δ_i (+ z_i if private)

@@ -1,0 +1,37 @@
+"""Local operators T_i of FEDNORMEC §4 and the pseudo-gradient (x - T_i(x)) / γ they define.
+
+- ``gd`` with T steps:  x_i^{j+1} = x_i^j - (γ/T) ∇f_i(x_i^j), j = 0..T-1, x_i^0 = x
+  (T = 1 gives T_i(x) = x - γ∇f_i(x), so the pseudo-gradient is ∇f_i(x)).
+- ``ig``: one cyclic incremental-gradient pass over the client's N samples in a fixed order, in
+  batches of b: x_i^{j+1} = x_i^j - γ (b_j/N) ∇f_{i,B_j}(x_i^j) (b = 1 is the paper's per-sample pass).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from normfl.algorithms.base import Clients
+
+OPERATORS = ("gd", "ig")
+
+
+def pseudo_gradient(x: torch.Tensor, clients: Clients, gamma: float, steps: int = 1, operator: str = "gd",
+                    ig_batch_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n, d] pseudo-gradients (x - T_i(x))/γ, [n] client losses at x)."""
+    if operator == "gd":
+        G, loss = clients.grads(x)                                # step 0 is at x itself
+        if steps == 1:
+            return G, loss
+        X = x - (gamma / steps) * G
+        for _ in range(steps - 1):
+            X = X - (gamma / steps) * clients.grads(X)[0]
+    elif operator == "ig":
+        X, loss = x, None
+        for batches in clients.cyclic_pass(ig_batch_size):
+            G, step_loss = clients.grads(X, batches)
+            frac = torch.tensor([b[0][2] for b in batches], device=x.device, dtype=x.dtype)   # b_j / N
+            X = X - gamma * frac[:, None] * G
+            loss = step_loss * frac if loss is None else loss + step_loss * frac
+    else:
+        raise ValueError(f"local.operator={operator!r}; allowed: {', '.join(OPERATORS)}")
+    return (x - X) / gamma, loss

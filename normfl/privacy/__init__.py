@@ -1,0 +1,86 @@
+"""How much noise a private run adds, and what it costs.
+
+Two ways to set the noise (``privacy.calibration``):
+
+- ``paper``: the rule both NORMEC and FEDNORMEC use in their experiments (spec normec.md §4.3).
+  A term of sensitivity S gets N(0, (S * sigma_mult)^2) with
+
+      sigma_mult = c * p * sqrt(K * log(1/delta)) / epsilon      (c = 1, natural log, K = rounds).
+
+  It comes from Abadi et al.'s asymptotic bound and is a heuristic, not a certificate: a tight
+  accountant gives a larger epsilon for the same noise. The knobs reproduce the alternative
+  readings of spec ambiguity A1.
+- ``accountant``: the noise multiplier is solved so that the ``accountant`` group's accountant
+  (RDP or PLD, from dp-accounting) certifies (epsilon, delta) for the run, under the configured
+  neighbouring relation and amplification claim (see ``accounting.py``).
+
+Whatever sets it, every private run also reports the epsilon that RDP and PLD give for the noise
+actually used (``Ledger``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from normfl.privacy.accounting import ACCOUNTANTS, RELATIONS, Ledger, Mechanism, calibrate
+
+NOISE_ON = ("scaled_message", "raw_delta")
+LOG_BASES = ("e", "10")
+CALIBRATIONS = ("paper", "accountant")
+
+__all__ = ["Privacy", "Mechanism", "Ledger", "calibrate", "NOISE_ON", "LOG_BASES", "CALIBRATIONS",
+           "ACCOUNTANTS", "RELATIONS"]
+
+
+@dataclass(frozen=True)
+class Privacy:
+    epsilon: float = 8.0
+    delta: float = 1e-5
+    calibration: str = "paper"
+    accountant: str = "paper"            # which accountant calibrates when calibration=accountant
+    neighbouring: str = "add_remove"
+    amplification: bool = False
+    c: float = 1.0
+    log_base: str = "e"
+    sqrt_covers_log: bool = True
+    K_plus_one: bool = False
+    noise_on: str = "scaled_message"
+    noise_multiplier_override: float | None = None
+
+    @property
+    def uses_formula(self) -> bool:
+        return self.calibration == "paper" or self.accountant == "paper"
+
+    def noise_multiplier(self, rounds: int, p: float = 1.0) -> float:
+        """sigma_mult: by the papers' formula, or solved by the accountant for this run."""
+        if self.noise_multiplier_override is not None:
+            return float(self.noise_multiplier_override)
+        if not self.uses_formula:
+            return calibrate(self.epsilon, self.delta, rounds, self.accountant, p, self.amplification,
+                             self.neighbouring)
+        k = rounds + 1 if self.K_plus_one else rounds
+        log = math.log(1 / self.delta) if str(self.log_base) == "e" else math.log10(1 / self.delta)
+        root = math.sqrt(k * log) if self.sqrt_covers_log else math.sqrt(k) * log
+        return self.c * p * root / self.epsilon
+
+    def upload_std(self, bound: float, beta: float, rounds: int, p: float = 1.0) -> float:
+        """Per-coordinate noise std on a released vector whose norm is at most ``bound``.
+
+        Default (A1, ``scaled_message``): std = bound * sigma_mult, i.e. noise proportional to the
+        sensitivity. ``raw_delta`` (paper formula only) multiplies by beta once more: the spec's
+        "alternative B", z on Delta_i with std beta * sigma_mult.
+        """
+        std = bound * self.noise_multiplier(rounds, p)
+        return std * beta if self.noise_on == "raw_delta" and self.uses_formula else std
+
+    def mechanism(self, noise_multiplier: float, p: float = 1.0) -> Mechanism:
+        return Mechanism(noise_multiplier, p, self.amplification, self.neighbouring)
+
+    def assumptions(self, noise_by: str, p: float) -> str:
+        unit = {"add_remove": "adding or removing one client", "replace": "replacing one client's data"}
+        who = "each client adds its own noise and the server sees every upload" if noise_by == "client" \
+            else "a trusted server adds one noise draw to the aggregate"
+        amp = (f"amplification by Poisson sampling at q={p:g} is claimed (participation must stay secret)"
+               if self.amplification and p < 1 else "no amplification by sampling is claimed: every round is charged")
+        return f"client-level DP, neighbouring runs differ by {unit[self.neighbouring]}; {who}; {amp}"

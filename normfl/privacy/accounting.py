@@ -1,0 +1,136 @@
+"""Privacy accounting with Google's dp-accounting (RDP and PLD); no accountant math is written here.
+
+The mechanism every private algorithm here runs, seen from one client: each round the client's
+bounded vector (norm <= S) is released with Gaussian noise of std sigma, so the noise multiplier is
+z = sigma / S. The privacy unit is one client (its whole local dataset):
+
+- ``add_remove``: neighbouring runs differ by the presence of one client (sensitivity S);
+- ``replace``: they differ by replacing one client's data (the released vector can move by 2S).
+
+``amplification=true`` claims amplification by Poisson sampling at rate q (each client takes part
+independently with probability p). That needs the participation to be secret from the observer;
+when every client adds its own noise and the server sees who sent what, it is not, so the default
+claims none and charges every round.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting import pld, rdp
+from dp_accounting.pld import privacy_loss_distribution as plds
+
+from normfl.cache import memo
+
+RELATIONS = ("add_remove", "replace")
+ACCOUNTANTS = ("rdp", "pld")
+PLD_INTERVAL = 1e-3       # pessimistic discretisation: an upper bound on epsilon, tight to ~1e-4 here
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    noise_multiplier: float          # z = noise std / per-client sensitivity
+    sampling: float = 1.0            # q, the participation probability
+    amplification: bool = False      # claim amplification by Poisson(q) sampling
+    neighbouring: str = "add_remove"
+
+    @property
+    def sampled(self) -> bool:
+        return self.amplification and self.sampling < 1.0
+
+    def event(self, rounds: int, accountant: str) -> dpa.DpEvent | None:
+        """The dp-accounting event of ``rounds`` rounds, or None if ``accountant`` cannot handle it."""
+        z = self.noise_multiplier
+        if not self.sampled:
+            # dp-accounting's RDP ignores the relation for a plain Gaussian: replacing a client
+            # moves the vector by 2S, i.e. halves z. Its PLD applies the relation itself.
+            if accountant == "rdp" and self.neighbouring == "replace":
+                z = z / 2
+            return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), rounds)
+        if accountant == "rdp" and self.neighbouring == "replace":
+            return None                  # dp-accounting's RDP has no Poisson sampling under replace-one
+        return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(self.sampling, dpa.GaussianDpEvent(z)), rounds)
+
+    def relation(self, accountant: str) -> dpa.NeighboringRelation:
+        if accountant == "pld" and self.neighbouring == "replace":
+            return dpa.NeighboringRelation.REPLACE_ONE
+        return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    def accountant(self, name: str) -> dpa.PrivacyAccountant:
+        if name == "rdp":
+            return rdp.RdpAccountant(neighboring_relation=self.relation(name))
+        return pld.PLDAccountant(self.relation(name), value_discretization_interval=PLD_INTERVAL)
+
+    def epsilon(self, rounds: int, delta: float, accountant: str) -> float | None:
+        """Epsilon after ``rounds`` rounds at ``delta``; inf without noise; None if unsupported."""
+        if rounds == 0:
+            return 0.0
+        if self.noise_multiplier <= 0:
+            return math.inf
+        event = self.event(rounds, accountant)
+        if event is None:
+            return None
+        acc = self.accountant(accountant)
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+
+class Ledger:
+    """Epsilon spent after k rounds, under RDP and PLD, for one run's mechanism (cheap per call:
+    RDP is additive over rounds and PLD self-composes one round's distribution)."""
+
+    def __init__(self, mech: Mechanism, delta: float):
+        self.mech, self.delta = mech, delta
+        self._rdp_one = self._pld_one = None
+        if mech.noise_multiplier > 0:
+            ev = mech.event(1, "rdp")
+            if ev is not None:
+                acc = mech.accountant("rdp")
+                acc.compose(ev)
+                self._orders, self._rdp_one = acc._orders, np.asarray(acc._rdp)   # one round's RDP curve
+            q = mech.sampling if mech.sampled else 1.0
+            self._pld_one = plds.from_gaussian_mechanism(
+                mech.noise_multiplier, sampling_prob=q, value_discretization_interval=PLD_INTERVAL,
+                neighboring_relation=mech.relation("pld"))
+
+    def spent(self, k: int) -> dict[str, float | None]:
+        if k == 0:
+            return {"rdp": 0.0, "pld": 0.0}
+        if self.mech.noise_multiplier <= 0:
+            return {"rdp": math.inf, "pld": math.inf}
+        eps_rdp = None
+        if self._rdp_one is not None:
+            eps_rdp = float(rdp.rdp_privacy_accountant.compute_epsilon(self._orders, k * self._rdp_one, self.delta)[0])
+        eps_pld = float(self._pld_one.self_compose(k).get_epsilon_for_delta(self.delta))
+        return {"rdp": eps_rdp, "pld": eps_pld}
+
+
+@functools.lru_cache(maxsize=256)
+def calibrate(epsilon: float, delta: float, rounds: int, accountant: str, sampling: float = 1.0,
+              amplification: bool = False, neighbouring: str = "add_remove") -> float:
+    """The smallest noise multiplier z whose ``rounds`` rounds cost at most (epsilon, delta)."""
+    key = f"{accountant}|{epsilon!r}|{delta!r}|{rounds}|{sampling!r}|{amplification}|{neighbouring}"
+
+    def solve():
+        def mech(z):
+            return Mechanism(z, sampling, amplification, neighbouring)
+
+        if mech(1.0).event(rounds, accountant) is None:
+            raise ValueError(f"accountant={accountant} cannot account Poisson sampling under {neighbouring}")
+        if accountant == "rdp":
+            bracket = dpa.LowerEndpointAndGuess(0.05, 5.0)
+        else:
+            # A PLD of a tiny noise multiplier is huge (memory), so bracket the search with RDP, which
+            # never certifies less than PLD: z_pld <= z_rdp (twice that under replace-one).
+            z_rdp = calibrate(epsilon, delta, rounds, "rdp", sampling, amplification, "add_remove")
+            hi = 1.05 * z_rdp * (2 if neighbouring == "replace" else 1)
+            bracket = dpa.ExplicitBracketInterval(hi / 4, hi)
+        return float(dpa.calibrate_dp_mechanism(
+            lambda: mech(1.0).accountant(accountant), lambda z: mech(z).event(rounds, accountant),
+            epsilon, delta, bracket_interval=bracket, tol=1e-5))
+
+    return memo("calibration", key, solve)

@@ -1,0 +1,63 @@
+"""Accountants: reference values from dp-accounting's own API, calibration round trips, monotonicity."""
+
+import dp_accounting as dpa
+import pytest
+from dp_accounting import pld, rdp
+
+from normfl.privacy import Ledger, Mechanism, Privacy, calibrate
+
+
+def test_poisson_gaussian_matches_dp_accounting_reference(monkeypatch, tmp_path):
+    # q = 0.01, σ = 1, 10,000 steps, δ = 1e-5: about 6.71 under RDP and 6.19 under PLD
+    event = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0)), 10_000)
+    ref_rdp = rdp.RdpAccountant().compose(event).get_epsilon(1e-5)
+    ref_pld = pld.PLDAccountant().compose(event).get_epsilon(1e-5)
+    assert ref_rdp == pytest.approx(6.71, abs=0.01) and ref_pld == pytest.approx(6.19, abs=0.01)
+    mech = Mechanism(1.0, sampling=0.01, amplification=True)
+    assert mech.epsilon(10_000, 1e-5, "rdp") == pytest.approx(ref_rdp, rel=1e-9)
+    assert mech.epsilon(10_000, 1e-5, "pld") == pytest.approx(ref_pld, rel=2e-3)   # coarser grid, upper bound
+    assert mech.epsilon(10_000, 1e-5, "pld") >= ref_pld - 1e-9
+
+
+def test_ledger_agrees_with_fresh_accounting_and_grows_with_rounds():
+    mechs = (Mechanism(7.3462), Mechanism(1.8366, 0.25, amplification=True), Mechanism(3.0, neighbouring="replace"))
+    for mech in mechs:
+        ledger = Ledger(mech, 1e-5)
+        eps = [ledger.spent(k) for k in (1, 10, 100, 300)]
+        for acc in ("rdp", "pld"):
+            assert all(a[acc] < b[acc] for a, b in zip(eps, eps[1:], strict=False))
+            assert eps[-1][acc] == pytest.approx(mech.epsilon(300, 1e-5, acc), rel=1e-4)   # PLD: grid effects
+
+
+def test_no_noise_is_infinite_and_replace_costs_more():
+    assert Mechanism(0.0).epsilon(10, 1e-5, "pld") == float("inf")
+    add = Mechanism(7.3462).epsilon(300, 1e-5, "pld")
+    rep = Mechanism(7.3462, neighbouring="replace").epsilon(300, 1e-5, "pld")
+    assert rep > 2 * add
+    assert Mechanism(7.3462, neighbouring="replace").epsilon(300, 1e-5, "rdp") == pytest.approx(
+        Mechanism(7.3462 / 2).epsilon(300, 1e-5, "rdp"))        # replace = twice the sensitivity
+    assert Mechanism(2.0, 0.5, True, "replace").epsilon(300, 1e-5, "rdp") is None   # not supported
+
+
+@pytest.mark.parametrize("acc, q, amp", [("rdp", 1.0, False), ("pld", 1.0, False), ("pld", 0.25, True),
+                                         ("rdp", 0.5, True)])
+def test_calibration_round_trip(acc, q, amp, monkeypatch, tmp_path):
+    monkeypatch.setenv("NORMFL_CACHE", str(tmp_path))
+    calibrate.cache_clear()
+    z = calibrate(8.0, 1e-5, 300, acc, q, amp)
+    assert Mechanism(z, q, amp).epsilon(300, 1e-5, acc) == pytest.approx(8.0, abs=0.01)
+    assert Mechanism(z * 0.97, q, amp).epsilon(300, 1e-5, acc) > 8.0          # and it is the smallest
+    assert calibrate(8.0, 1e-5, 600, acc, q, amp) > z                          # more rounds, more noise
+    calibrate.cache_clear()
+    assert calibrate(8.0, 1e-5, 300, acc, q, amp) == z                         # read back from the disk cache
+    assert (tmp_path / "calibration.json").exists()
+
+
+def test_privacy_upload_std_by_accountant(monkeypatch, tmp_path):
+    monkeypatch.setenv("NORMFL_CACHE", str(tmp_path))
+    paper = Privacy()
+    pld_cal = Privacy(calibration="accountant", accountant="pld")
+    z = calibrate(8.0, 1e-5, 300, "pld")
+    assert pld_cal.upload_std(0.1, 0.1, 300) == pytest.approx(0.1 * z)
+    assert z > paper.noise_multiplier(300)                   # the paper's noise does not certify ε = 8
+    assert Privacy(calibration="accountant", accountant="paper").upload_std(1, 1, 300) == paper.upload_std(1, 1, 300)

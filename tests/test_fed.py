@@ -1,0 +1,146 @@
+"""Fed-α-NormEC and FedAvg: reductions to the single-step methods, local steps by hand, participation."""
+
+import pytest
+import torch
+
+from normfl.algorithms import DPSGDNorm, FedAvg, FedNormEC, NormEC
+from normfl.ops import bernoulli_weights, cohort_weights, norm_alpha
+from normfl.privacy import Privacy
+from tests.test_algorithms import Quadratic
+
+NOPRIV = Privacy()
+F64 = torch.float64
+
+
+def trajectory(algo, clients, x, rounds, n):
+    algo.setup(x, n, rounds, NOPRIV, seed=0)
+    out = []
+    for k in range(rounds):
+        x, _ = algo.round(k, x, clients)
+        out.append(x)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("sn", [False, True])
+def test_fed_normec_with_full_participation_is_normec(sn):
+    centers = torch.randn(4, 10, generator=torch.Generator().manual_seed(0), dtype=F64)
+    x0 = torch.zeros(10, dtype=F64)
+    fed = trajectory(FedNormEC(0.05, 0.2, 0.01, p=1.0, server_norm=sn), Quadratic(centers, 0.5, seed=3), x0, 30, 4)
+    ref = trajectory(NormEC(0.05, 0.2, 0.01, server_norm=sn), Quadratic(centers, 0.5, seed=3), x0, 30, 4)
+    torch.testing.assert_close(fed, ref, rtol=0, atol=1e-14)
+
+
+def test_local_gd_steps_match_hand_computation():
+    """T = 3 local GD steps of size γ/T with full local gradients, p = 1, η = 0.5, no SN."""
+    centers = torch.tensor([[1.0, -2.0], [3.0, 0.5]], dtype=F64)
+    gamma, beta, alpha, T, eta = 0.3, 0.4, 0.1, 3, 0.5
+    algo = FedNormEC(gamma, beta, alpha, eta=eta, p=1.0, local_steps=T)
+    x0 = torch.tensor([0.5, 0.5], dtype=F64)
+    got = trajectory(algo, Quadratic(centers), x0, 2, 2)
+    x, v, vhat = x0.clone(), torch.zeros(2, 2, dtype=F64), torch.zeros(2, dtype=F64)
+    for k in range(2):
+        xs = x.expand(2, 2).clone()
+        for _ in range(T):
+            xs = xs - (gamma / T) * (xs - centers)
+        u = (x - xs) / gamma
+        d = torch.stack([(u[i] - v[i]) / (alpha + torch.linalg.norm(u[i] - v[i])) for i in range(2)])
+        v = v + beta * d
+        vhat = vhat + beta * d.mean(0)
+        x = x - eta * vhat
+        torch.testing.assert_close(got[k], x)
+
+
+class SampleQuadratic:
+    """f_{i,j}(x) = ½||x - c_ij||²; a cyclic pass visits samples j = 0..N-1 in order, b at a time."""
+
+    def __init__(self, c):
+        self.c = c                                           # [n, N, d]
+
+    def cyclic_pass(self, b):
+        N = self.c.shape[1]
+        return [[[(slice(s, s + b), None, min(b, N - s) / N)] for _ in range(len(self.c))] for s in range(0, N, b)]
+
+    def grads(self, x, batches=None):
+        G = torch.stack([x[i] - self.c[i, batches[i][0][0]].mean(0) for i in range(len(self.c))])
+        return G, 0.5 * (G ** 2).sum(1)
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_incremental_gradient_pass_matches_hand_computation(b):
+    c = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
+    gamma = 0.2
+    algo = FedNormEC(gamma, 0.5, 0.01, p=1.0, local_operator="ig", ig_batch_size=b, server_norm=True)
+    x0 = torch.zeros(3, dtype=F64)
+    got = trajectory(algo, SampleQuadratic(c), x0, 1, 2)[0]
+    xs = x0.expand(2, 3).clone()
+    for s in range(0, 4, b):                                 # N/b steps of size γ b / N
+        xs = xs - gamma * (b / 4) * (xs - c[:, s:s + b].mean(1))
+    d = norm_alpha((x0 - xs) / gamma, 0.01)
+    vhat = 0.5 * d.mean(0)
+    torch.testing.assert_close(got, x0 - gamma * vhat / torch.linalg.norm(vhat))
+
+
+def test_participation_weight_is_unbiased():
+    """E[q_i] = 1: the mean of 1/p-weighted Bernoulli(p) draws over 20,000 rounds of 10 clients.
+    Var q = (1-p)/p, so the mean's std is sqrt(3/200000) = 0.0039 at p = 0.25; tolerance 0.02 (5 std)."""
+    q = torch.stack([bernoulli_weights(10, 0.25, seed=7, round_=k) for k in range(20_000)])
+    assert set(q.unique().tolist()) == {0.0, 4.0}
+    assert abs(q.mean().item() - 1.0) < 0.02
+    assert abs((q > 0).float().mean().item() - 0.25) < 0.005
+    c = torch.stack([cohort_weights(10, 3, seed=7, round_=k) for k in range(2000)])
+    assert ((c > 0).sum(1) == 3).all() and abs(c.mean().item() - 1.0) < 1e-6
+
+
+def test_server_increment_is_unbiased_under_partial_participation():
+    """Spec §7 item 5: averaged over draws of q, v̂^{k+1} - v̂^k = (β/M) Σ_i Δ_i^k."""
+    centers = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=F64)
+    incs = []
+    for k in range(4000):
+        algo = FedNormEC(0.1, 0.5, 0.01, p=0.5)
+        algo.setup(torch.zeros(5, dtype=F64), 8, 1, NOPRIV, seed=k)
+        algo.round(0, torch.zeros(5, dtype=F64), Quadratic(centers))
+        incs.append(algo.vhat.clone())
+    expected = 0.5 * norm_alpha(-centers, 0.01).mean(0)
+    torch.testing.assert_close(torch.stack(incs).mean(0), expected, atol=0.01, rtol=0)
+
+
+def test_memory_updates_all_clients_but_only_participants_upload():
+    centers = torch.randn(6, 4, generator=torch.Generator().manual_seed(3), dtype=F64)
+    algo = FedNormEC(0.1, 0.5, 0.01, p=0.5)
+    algo.setup(torch.zeros(4, dtype=F64), 6, 1, NOPRIV, seed=11)
+    _, info = algo.round(0, torch.zeros(4, dtype=F64), Quadratic(centers))
+    q = bernoulli_weights(6, 0.5, seed=11, round_=0)
+    assert info["uploads"] == int((q > 0).sum()) and 0 < info["uploads"] < 6
+    assert (algo.v.norm(dim=1) > 0).all()                    # every client's memory moved
+    only = FedNormEC(0.1, 0.5, 0.01, p=0.5, memory_update="participants_only")
+    only.setup(torch.zeros(4, dtype=F64), 6, 1, NOPRIV, seed=11)
+    only.round(0, torch.zeros(4, dtype=F64), Quadratic(centers))
+    assert torch.equal(only.v.norm(dim=1) > 0, q > 0)
+
+
+def test_fedavg_without_memory_and_noise_is_dpsgd_with_smoothed_normalization():
+    """Spec §7 item 6: FedAvg (β Norm_α, p = 1, T = 1, σ = 0) equals DP-SGD-norm at step γ."""
+    centers = torch.randn(5, 7, generator=torch.Generator().manual_seed(4), dtype=F64)
+    x0 = torch.ones(7, dtype=F64)
+    a = trajectory(FedAvg(0.1, 0.3, 0.01, bounding="norm"), Quadratic(centers, 0.2, seed=1), x0, 20, 5)
+    b = trajectory(DPSGDNorm(0.1, 0.3, 0.01), Quadratic(centers, 0.2, seed=1), x0, 20, 5)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
+
+
+def test_dp_fed_normec_noise_scales_with_p():
+    algo = FedNormEC(0.1, 0.01, 0.01, p=0.25, private=True)
+    algo.setup(torch.zeros(3), 20, 300, Privacy(), 0)
+    assert algo.noise.std == pytest.approx(1.8366, abs=1e-4)       # p σ_mult on Δ_i (spec §4.3)
+    assert algo.noise_multiplier == pytest.approx(1.8366, abs=1e-4)
+    avg = FedAvg(0.1, 0.01, 0.01, bounding="norm", private=True)
+    avg.setup(torch.zeros(3), 20, 300, Privacy(), 0)
+    assert avg.noise.std == pytest.approx(0.01 * 7.3462, abs=1e-6)  # β σ_mult on β Norm_α (p = 1)
+    assert avg.noise_multiplier == pytest.approx(7.3462, abs=1e-4)
+
+
+def test_central_noise_is_one_draw_on_the_sum():
+    centers = torch.zeros(50, 20_000)
+    algo = FedAvg(1.0, 1.0, 0.0, bounding="clip", noise_by="server", private=True)
+    algo.setup(torch.zeros(20_000), 50, 300, Privacy(noise_multiplier_override=2.0), 0)
+    x, _ = algo.round(0, torch.zeros(20_000), Quadratic(centers))
+    assert x.std().item() == pytest.approx(2.0 / 50, rel=0.03)     # S z on the sum, divided by M
