@@ -163,6 +163,17 @@ def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
                               cfg.oracle, torch.__version__, torch.get_num_threads())))
 
 
+def _discard(out_dir: Path, log_name: str) -> None:
+    """Remove what Hydra wrote for a refused run (its .hydra folder and log), and the folder if that
+    leaves it empty; anything else already in a reused folder is kept."""
+    shutil.rmtree(out_dir / ".hydra", ignore_errors=True)
+    (out_dir / log_name).unlink(missing_ok=True)
+    try:
+        out_dir.rmdir()
+    except OSError:
+        pass
+
+
 def main(cfg: DictConfig) -> dict | None:
     """Hydra entry: run into Hydra's output dir; refuse bad configs without leaving a run dir."""
     from hydra.core.hydra_config import HydraConfig
@@ -174,7 +185,7 @@ def main(cfg: DictConfig) -> dict | None:
     try:
         return run(cfg, out_dir)
     except INPUT_ERRORS as err:  # refused before training: no run directory is left behind
-        shutil.rmtree(out_dir, ignore_errors=True)
+        _discard(out_dir, f"{hc.job.name}.log")
         if multirun:
             log.error("job %s skipped: %s", hc.job.num, err)
             return None

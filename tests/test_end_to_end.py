@@ -91,3 +91,15 @@ def test_private_partial_participation_run_reports_its_privacy(tmp_path, data_ro
     assert priv["noise_multiplier"] == pytest.approx(sigma)
     assert priv["amplification_claimed"] is False and "no amplification" in priv["assumptions"]
     assert priv["epsilon_pld"] == pytest.approx(evals["eps_pld"].iloc[-1])
+
+
+@pytest.mark.parametrize("overrides, uploads", [
+    (["algo=fed_normec", "algo.local_operator=ig", "algo.ig_batch_size=125"], 4),
+    (["algo=fed_normec", "algo.local_steps=3", "backend=vmap"], 4),
+    (["algo=dp_fedavg", "algo.participation=cohort", "algo.cohort_size=2", "algo.noise_by=server"], 2),
+])
+def test_federated_variants_run(tmp_path, data_root, overrides, uploads):
+    train(data_root, *FMNIST, "rounds=2", *overrides, f"hydra.run.dir={tmp_path}")
+    m = pd.read_csv(tmp_path / "metrics.csv")
+    assert (m["transmissions"].iloc[1:] == uploads).all()
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
