@@ -64,7 +64,6 @@ class FlatModel:
         self.shapes = [p.shape for p in module.parameters()]
         self.sizes = [p.numel() for p in module.parameters()]
         self.dim = sum(self.sizes)
-        self.bn_layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
     def vector(self) -> torch.Tensor:
         return torch.nn.utils.parameters_to_vector(self.module.parameters()).detach().clone()
@@ -204,11 +203,16 @@ class ClientEngine:
         loss = torch.zeros(n, device=x.device, dtype=x.dtype)
         fn = self._vmap if self.backend == "vmap" else self._sequential
         for j in range(max(len(b) for b in batches)):       # one piece per client at a time
-            piece = [b[j] for b in batches]
-            g, l = fn(x, piece)
+            idx = [i for i, b in enumerate(batches) if j < len(b)]
+            piece = [batches[i][j] for i in idx]
+            g, l = fn(x if x.dim() == 1 else x[idx], piece)
             w = torch.tensor([p[2] for p in piece], device=x.device, dtype=x.dtype)
-            G += w[:, None] * g
-            loss += w * l
+            if len(idx) == n:
+                G += w[:, None] * g
+                loss += w * l
+            else:                                           # clients with fewer pieces (unequal shards)
+                G[idx] += w[:, None] * g
+                loss[idx] += w * l
         return G, loss
 
     def _sequential(self, x, piece):
@@ -262,12 +266,17 @@ def fold_running_stats(module: nn.Module, start: dict, copies: dict) -> dict:
     return out
 
 
+def uniform(batches) -> bool:
+    """Whether every client's batch pieces have the same shapes, which vmap needs."""
+    shapes = {tuple(tuple(p[0].shape) for p in b) for b in batches}
+    return len(shapes) == 1
+
+
 def choose_backend(engine: ClientEngine, x: torch.Tensor, batches, key: str, reps: int = 2) -> str:
     """Time both backends on real batches (model state restored) and return the faster one;
     remembered per ``key`` (see ``normfl.cache``)."""
-    shapes = {tuple(b[0][0].shape) for b in batches}
-    if len(shapes) > 1 or any(len(b) != len(batches[0]) for b in batches):
-        return "sequential"                                   # vmap needs equal batch shapes
+    if not uniform(batches):
+        return "sequential"
 
     def measure():
         saved, times = engine.flat.buffers(), {}

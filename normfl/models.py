@@ -97,11 +97,3 @@ def logreg(in_shape, num_classes: int, init: str = "default") -> nn.Module:
     elif init != "default":
         raise ValueError(f"model.init={init!r} is not allowed; use 'default' or 'zeros'")
     return model
-
-
-def num_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

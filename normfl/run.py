@@ -21,7 +21,7 @@ from tqdm import tqdm
 import normfl
 from normfl.config import ConfigError, validate, validate_data
 from normfl.data import label_histogram
-from normfl.engine import ClientData, ClientEngine, Clients, FlatModel, Preprocess, choose_backend, pick_device
+from normfl.engine import ClientData, ClientEngine, Clients, FlatModel, Preprocess, choose_backend, pick_device, uniform
 from normfl.privacy import Ledger, Privacy
 from normfl.results import Recorder, write_atomic
 
@@ -80,7 +80,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     clients = Clients(engine, data)
     if cfg.backend == "auto":
         engine.backend = choose_backend(engine, x, clients.peek(), _backend_key(cfg, flat.dim, device))
-    elif cfg.backend == "vmap" and len({tuple(b[0][0].shape) for b in clients.peek()}) > 1:
+    elif cfg.backend == "vmap" and not uniform(clients.peek()):
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
 
     label_histogram(parts, ds.y_train.numpy(), ds.num_classes).to_csv(out_dir / "partition.csv")

@@ -116,3 +116,19 @@ def test_flat_vector_roundtrip():
     assert flat.dim == 582_026
     params = flat.as_params(torch.stack([x, 2 * x]))
     assert params["0.weight"].shape == (2, 32, 1, 5, 5)
+
+
+def test_full_oracle_with_unequal_shards():
+    """Clients whose shards split into different numbers of chunks still get their exact gradient."""
+    torch.manual_seed(1)
+    x_all = torch.randint(0, 256, (40, 1, 4, 4), dtype=torch.uint8)
+    y_all = torch.randint(0, 10, (40,))
+    parts = [np.arange(0, 7), np.arange(7, 40)]              # 1 chunk vs 4 chunks of 10
+    prep = Preprocess((0.5,), (0.25,), CPU)
+    data = ClientData(x_all, y_all, parts, 8, 0, prep, augment=False, oracle="full", chunk=10)
+    flat = make(models.logreg, in_shape=(1, 4, 4))
+    G, _ = ClientEngine(flat, "sequential").grads(flat.vector(), data.next_batches())
+    for i, p in enumerate(parts):
+        flat.module.zero_grad()
+        torch.nn.functional.cross_entropy(flat.module(prep(x_all[p])), y_all[p]).backward()
+        torch.testing.assert_close(G[i], torch.cat([q.grad.reshape(-1) for q in flat.module.parameters()]))
