@@ -130,9 +130,13 @@ class ClientData:
                     for i in range(len(parts))]
         self.order = [self.rngs[i].permutation(len(p)) for i, p in enumerate(parts)]
         self.pos = [0] * len(parts)
+        self._fixed: dict = {}                 # the deterministic batch lists (full oracle, IG passes)
 
     def __len__(self) -> int:
         return len(self.parts)
+
+    def _piece(self, idx, weight: float = 1.0, aug: torch.Generator | None = None):
+        return self.prep(self.x[idx], aug), self.y[idx].to(self.prep.device), weight
 
     def _minibatch(self, i: int):
         b = self.batch[i]
@@ -140,32 +144,30 @@ class ClientData:
             self.order[i], self.pos[i] = self.rngs[i].permutation(len(self.parts[i])), 0
         idx = self.parts[i][self.order[i][self.pos[i]:self.pos[i] + b]]
         self.pos[i] += b
-        return self.prep(self.x[idx], self.aug[i]), self.y[idx].to(self.prep.device)
+        return self._piece(idx, 1.0, self.aug[i])
 
     def next_batches(self) -> list[list[tuple[torch.Tensor, torch.Tensor, float]]]:
         """Per client, the list of (x, y, weight) pieces whose weighted gradients sum to its oracle."""
         if self.oracle == "minibatch":
-            return [[(*self._minibatch(i), 1.0)] for i in range(len(self))]
-        out = []
-        for p in self.parts:
-            pieces = torch.split(p, self.chunk)
-            out.append([(self.prep(self.x[c]), self.y[c].to(self.prep.device), len(c) / len(p))
-                        for c in pieces])
-        return out
+            return [[self._minibatch(i)] for i in range(len(self))]
+        if "full" not in self._fixed:          # deterministic: prepared once, reused every round
+            self._fixed["full"] = [[self._piece(c, len(c) / len(p)) for c in torch.split(p, self.chunk)]
+                                   for p in self.parts]
+        return self._fixed["full"]
 
     def cyclic_batches(self, batch_size: int) -> list[list[list[tuple]]]:
         """One fixed-order pass over every shard in consecutive batches (no shuffling, no
         augmentation): a list of steps, each a per-client list of one (x, y, b_j / N_i) piece.
-        Needs equal shard sizes, so that all clients take the same number of steps."""
+        Needs equal shard sizes, so that all clients take the same number of steps. Prepared once."""
         sizes = {len(p) for p in self.parts}
         if len(sizes) > 1:
             raise ValueError(f"an incremental-gradient pass needs equal shard sizes, got {sorted(sizes)}")
         n_i = sizes.pop()
-        steps = []
-        for s in range(0, n_i, batch_size):
-            idx = [p[s:s + batch_size] for p in self.parts]
-            steps.append([[(self.prep(self.x[i]), self.y[i].to(self.prep.device), len(i) / n_i)] for i in idx])
-        return steps
+        key = ("cyclic", batch_size)
+        if key not in self._fixed:
+            self._fixed[key] = [[[self._piece(p[s:s + batch_size], len(p[s:s + batch_size]) / n_i)]
+                                 for p in self.parts] for s in range(0, n_i, batch_size)]
+        return self._fixed[key]
 
 
 class Clients:
@@ -198,21 +200,19 @@ class ClientEngine:
 
     def grads(self, x: torch.Tensor, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[d]`` (every client at the same point) or ``[n, d]``; returns ``([n, d], [n])``."""
+        fn = self._vmap if self.backend == "vmap" else self._sequential
+        if all(len(b) == 1 and b[0][2] == 1.0 for b in batches):     # one minibatch each: no reweighting
+            return fn(x, [b[0] for b in batches])
         n = len(batches)
         G = torch.zeros(n, self.flat.dim, device=x.device, dtype=x.dtype)
         loss = torch.zeros(n, device=x.device, dtype=x.dtype)
-        fn = self._vmap if self.backend == "vmap" else self._sequential
         for j in range(max(len(b) for b in batches)):       # one piece per client at a time
-            idx = [i for i, b in enumerate(batches) if j < len(b)]
+            idx = [i for i, b in enumerate(batches) if j < len(b)]   # clients with a j-th piece
             piece = [batches[i][j] for i in idx]
             g, l = fn(x if x.dim() == 1 else x[idx], piece)
             w = torch.tensor([p[2] for p in piece], device=x.device, dtype=x.dtype)
-            if len(idx) == n:
-                G += w[:, None] * g
-                loss += w * l
-            else:                                           # clients with fewer pieces (unequal shards)
-                G[idx] += w[:, None] * g
-                loss[idx] += w * l
+            G[idx] += w[:, None] * g
+            loss[idx] += w * l
         return G, loss
 
     def _sequential(self, x, piece):

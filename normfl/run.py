@@ -29,6 +29,11 @@ log = logging.getLogger("normfl")
 INPUT_ERRORS = (ConfigError, FileNotFoundError)
 
 
+def _kind(node: DictConfig) -> str:
+    """The short name of a config group's target, e.g. 'iid' for normfl.data.partition.iid."""
+    return node._target_.rsplit(".", 1)[1]
+
+
 def build_data(cfg: DictConfig):
     """The dataset (with its label) and the client partition, as the config says."""
     extra = ("augment", "train_limit", "test_limit")
@@ -38,19 +43,19 @@ def build_data(cfg: DictConfig):
     except InstantiationException as err:  # e.g. a split the data cannot give
         if isinstance(err.__cause__, FileNotFoundError):
             raise err.__cause__ from None
-        raise ConfigError("dataset", cfg.dataset._target_.rsplit(".", 1)[1], str(err.__cause__ or err)) from err
+        raise ConfigError("dataset", _kind(cfg.dataset), str(err.__cause__ or err)) from err
     if cfg.dataset.train_limit or cfg.dataset.test_limit:
         ds = ds.head(cfg.dataset.train_limit, cfg.dataset.test_limit)
     if cfg.clients > len(ds.y_train):
         raise ConfigError("clients", cfg.clients, f"at most the {len(ds.y_train)} training samples")
     split = instantiate(cfg.partition)
     try:
-        if cfg.partition._target_.endswith("natural"):
+        if _kind(cfg.partition) == "natural":
             parts = split(ds.client_ids.numpy(), num_clients=cfg.clients)
         else:
             parts = split(ds.y_train.numpy(), num_clients=cfg.clients, seed=cfg.seed)
     except ValueError as err:  # the partition cannot be made from this data
-        raise ConfigError("partition", cfg.partition._target_.rsplit(".", 1)[1], str(err)) from err
+        raise ConfigError("partition", _kind(cfg.partition), str(err)) from err
     return ds, parts
 
 
@@ -159,7 +164,7 @@ def _privacy_summary(privacy: Privacy, algo, ledger: Ledger, rounds_done: int) -
 def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
     """What the faster backend depends on: model, size, hardware, clients, batch, torch, threads."""
     hw = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return "|".join(map(str, (cfg.model._target_.rsplit(".", 1)[1], dim, device, hw, cfg.clients, cfg.batch_size,
+    return "|".join(map(str, (_kind(cfg.model), dim, device, hw, cfg.clients, cfg.batch_size,
                               cfg.oracle, torch.__version__, torch.get_num_threads())))
 
 
