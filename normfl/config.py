@@ -12,15 +12,11 @@ from omegaconf import DictConfig
 
 from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES, PARTICIPATION
 from normfl.algorithms.local import OPERATORS
+from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
 from normfl.data.sources import SPLITS
 from normfl.engine import BACKENDS, ORACLES
+from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
-
-
-class ConfigError(ValueError):
-    def __init__(self, key: str, value, allowed: str):
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
 
 
 def _get(cfg: DictConfig, key: str):
@@ -57,14 +53,18 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "batch_size", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "threads", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
+    _choice(cfg, "eval_train", (True, False), optional=False)
     _choice(cfg, "oracle", ORACLES, optional=False)
     _choice(cfg, "backend", BACKENDS, optional=False)
     _choice(cfg, "device.name", ("auto", "cpu", "cuda", "mps"), optional=False)
     _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
     _choice(cfg, "logger.mode", ("offline", "online", "disabled"))
 
-    _number(cfg, "algo.gamma", lambda v: v > 0, "a number > 0")
-    _number(cfg, "algo.beta", lambda v: v > 0, "a number > 0")
+    if _get(cfg, "algo._target_") == "normfl.algorithms.NormFedAvg":
+        _validate_nfa(cfg)
+    else:
+        _number(cfg, "algo.gamma", lambda v: v > 0, "a number > 0")
+        _number(cfg, "algo.beta", lambda v: v > 0, "a number > 0")
     _number(cfg, "algo.alpha", lambda v: v >= 0, "a number >= 0", optional=True)
     for key in ("p", "algo.p"):
         _number(cfg, key, lambda v: 0 < v <= 1, "a number in (0, 1]", optional=True)
@@ -120,6 +120,43 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("offline_data (from $NORMFL_OFFLINE_DATA)", env, "an existing directory")
     if (_get(cfg, "partition._target_") or "").endswith("natural") and _get(cfg, "dataset.path") is None:
         raise ConfigError("partition", "natural", "only with dataset=npz carrying a `client` array")
+
+
+def _validate_nfa(cfg: DictConfig) -> None:
+    """The keys of NormFedAvg and its variants (conf/algo/normfedavg.yaml)."""
+    _number(cfg, "algo.eta0", lambda v: v > 0, "a number > 0")
+    _number(cfg, "algo.lr_decay", lambda v: 0 < v <= 1, "a number in (0, 1]")
+    _number(cfg, "algo.local_steps", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "algo.momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
+    _number(cfg, "algo.weight_decay", lambda v: v >= 0, "a number >= 0")
+    _number(cfg, "algo.cohort_size", lambda v: 1 <= v <= cfg.clients,
+            f"null (all) or an integer in [1, clients={cfg.clients}]", integer=True, optional=True)
+    for key, options in (("upload", UPLOADS), ("mechanism", MECHANISMS), ("scope", SCOPES),
+                         ("sensitivity", SENSITIVITIES), ("noise_at", NOISE_AT)):
+        _choice(cfg, f"algo.{key}", options, optional=False)
+    _number(cfg, "algo.s", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "algo.mu", lambda v: v > 0, "a number > 0")
+    a = cfg.algo
+    schedule = "a list of [k_start, value] pairs with k_start = 0 first, values > 0"
+    if (a.beta is None) == (a.beta_over_eta is None):
+        raise ConfigError("algo.beta", a.beta, f"{schedule}, or null with algo.beta_over_eta set (exactly one)")
+    if a.beta is not None:
+        pairs = list(a.beta) if not isinstance(a.beta, (int, float, str)) else None
+        ok = pairs and all(len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], (int, float)) and p[1] > 0
+                           for p in pairs) and min(p[0] for p in pairs) == 0
+        if not ok:
+            raise ConfigError("algo.beta", a.beta, schedule)
+    else:
+        _number(cfg, "algo.beta_over_eta", lambda v: v > 0, "a number > 0")
+    quantized = a.mechanism != "none"
+    _number(cfg, "algo.clip", lambda v: v > 0 and (v <= 1 or not quantized),
+            "a number in (0, 1] (the quantizer needs |coordinates| <= 1)" if quantized else "a number > 0")
+    if quantized and a.upload == "update":
+        raise ConfigError("algo.upload", "update", "unit or clip with a quantizing mechanism (|coordinates| <= 1)")
+    if a.mechanism == "binomial" and a.scope != "per_round":
+        raise ConfigError("algo.scope", a.scope, "per_round with mechanism=binomial (cpSGD's per-round guarantee)")
+    if a.noise_at == "server" and a.mechanism != "qtdl":
+        raise ConfigError("algo.noise_at", "server", "client unless mechanism=qtdl (the aggregate-level variant)")
 
 
 def validate_data(cfg: DictConfig, parts) -> None:

@@ -20,6 +20,7 @@ across clients beyond this, and they are not part of x.
 
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -146,14 +147,27 @@ class ClientData:
         self.pos[i] += b
         return self._piece(idx, 1.0, self.aug[i])
 
-    def next_batches(self) -> list[list[tuple[torch.Tensor, torch.Tensor, float]]]:
-        """Per client, the list of (x, y, weight) pieces whose weighted gradients sum to its oracle."""
+    def next_batches(self, ids=None) -> list[list[tuple[torch.Tensor, torch.Tensor, float]]]:
+        """Per client (all, or those in ``ids``), the list of (x, y, weight) pieces whose weighted
+        gradients sum to its oracle. Only these clients' batch streams advance."""
+        ids = range(len(self)) if ids is None else [int(i) for i in ids]
         if self.oracle == "minibatch":
-            return [[self._minibatch(i)] for i in range(len(self))]
+            return [[self._minibatch(i)] for i in ids]
         if "full" not in self._fixed:          # deterministic: prepared once, reused every round
             self._fixed["full"] = [[self._piece(c, len(c) / len(p)) for c in torch.split(p, self.chunk)]
                                    for p in self.parts]
-        return self._fixed["full"]
+        return [self._fixed["full"][i] for i in ids]
+
+    def peek(self):
+        """The batches the next ``next_batches()`` will return, without consuming them."""
+        state = copy.deepcopy((self.rngs, self.order, self.pos))
+        aug = [g.get_state() if g is not None else None for g in self.aug]
+        batches = self.next_batches()
+        self.rngs, self.order, self.pos = state
+        for g, st in zip(self.aug, aug, strict=True):
+            if g is not None:
+                g.set_state(st)
+        return batches
 
     def cyclic_batches(self, batch_size: int) -> list[list[list[tuple]]]:
         """One fixed-order pass over every shard in consecutive batches (no shuffling, no
@@ -175,17 +189,16 @@ class Clients:
 
     def __init__(self, engine: ClientEngine, data: ClientData):
         self.engine, self.data = engine, data
-        self._pending: list = []
 
     def peek(self):
-        """The next round's batches, drawn now and used by the next ``grads`` call."""
-        if not self._pending:
-            self._pending.append(self.data.next_batches())
-        return self._pending[0]
+        """The next round's batches of every client, left in place for the next ``grads`` call."""
+        return self.data.peek()
 
-    def grads(self, x: torch.Tensor, batches=None):
+    def grads(self, x: torch.Tensor, batches=None, ids=None):
+        """Gradients at x (``[d]``, or one row per client) on each client's next batches, or on
+        ``batches``; with ``ids``, only those clients compute (x then has one row per id)."""
         if batches is None:
-            batches = self._pending.pop() if self._pending else self.data.next_batches()
+            batches = self.data.next_batches(ids)
         return self.engine.grads(x, batches)
 
     def cyclic_pass(self, batch_size: int):

@@ -70,10 +70,14 @@ def bernoulli_weights(n: int, p: float, seed: int, round_: int, device=None) -> 
     return (torch.rand(n, generator=gen, device=device) < p).float() / p
 
 
-def cohort_weights(n: int, size: int, seed: int, round_: int, device=None) -> torch.Tensor:
-    """A uniform cohort of ``size`` clients without replacement, weighted n/size (0 for the rest), so
-    that (1/n) sum_i q_i u_i is the cohort mean."""
+def cohort(n: int, size: int, seed: int, round_: int, device=None) -> torch.Tensor:
+    """The ids (sorted) of a uniform cohort of ``size`` of the n clients, drawn without replacement."""
     gen = round_generator(seed, 1, round_, device)
+    return torch.randperm(n, generator=gen, device=device)[:size].sort().values
+
+
+def cohort_weights(n: int, size: int, seed: int, round_: int, device=None) -> torch.Tensor:
+    """The cohort weighted n/size (0 for the rest), so that (1/n) sum_i q_i u_i is the cohort mean."""
     q = torch.zeros(n, device=device)
-    q[torch.randperm(n, generator=gen, device=device)[:size]] = n / size
+    q[cohort(n, size, seed, round_, device)] = n / size
     return q

@@ -11,8 +11,9 @@ import json
 import os
 from pathlib import Path
 
-COLUMNS = ("round", "train_loss", "test_loss", "test_acc", "eps_rdp", "eps_pld", "noise_std", "transmissions",
-           "transmissions_total", "bytes_uploaded", "bytes_total", "wall_time")
+COLUMNS = ("round", "train_loss", "full_train_loss", "test_loss", "test_acc", "eps_rdp", "eps_pld", "eps_composed",
+           "noise_std", "bits_per_coord", "transmissions", "transmissions_total", "bytes_uploaded", "bytes_total",
+           "wall_time")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -51,10 +52,12 @@ class Recorder:
         best = max(evals, key=lambda r: r["test_acc"], default=None)
         last = evals[-1] if evals else None
         losses = [r["train_loss"] for r in self.rows if r.get("train_loss") is not None]
+        last5 = [r["test_acc"] for r in evals[-5:]]
         info = {
             **info,
             "final_round": self.rows[-1]["round"] if self.rows else 0,
             "final_test_acc": last and last["test_acc"],
+            "last5_mean_test_acc": sum(last5) / len(last5) if last5 else None,   # NFA's table statistic
             "final_test_loss": last and last["test_loss"],
             "best_test_acc": best and best["test_acc"],
             "best_round": best and best["round"],

@@ -22,7 +22,7 @@ import normfl
 from normfl.config import ConfigError, validate, validate_data
 from normfl.data import label_histogram
 from normfl.engine import ClientData, ClientEngine, Clients, FlatModel, Preprocess, choose_backend, pick_device, uniform
-from normfl.privacy import Ledger, Privacy
+from normfl.privacy import Privacy
 from normfl.results import Recorder, write_atomic
 
 log = logging.getLogger("normfl")
@@ -76,7 +76,6 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     algo = instantiate(cfg.algo)
     privacy = build_privacy(cfg)
     algo.setup(x, cfg.clients, cfg.rounds, privacy, cfg.seed)
-    ledger = Ledger(privacy.mechanism(algo.noise_multiplier, algo.p), privacy.delta) if algo.private else None
 
     prep = Preprocess(ds.mean, ds.std, device)
     data = ClientData(ds.x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
@@ -90,16 +89,18 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
     label_histogram(parts, ds.y_train.numpy(), ds.num_classes).to_csv(out_dir / "partition.csv")
     rec = Recorder(out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
-    elem_bytes = x.element_size() * flat.dim
+    bits = algo.bits_per_coord or 8 * x.element_size()
+    upload_bytes = flat.dim * bits / 8
 
     def evaluate(row, at, k):
         row["test_loss"], row["test_acc"] = flat.evaluate(at, ds.x_test, ds.y_test, prep)
-        if ledger is not None:
-            spent = ledger.spent(k)
-            row["eps_rdp"], row["eps_pld"] = spent["rdp"], spent["pld"]
+        if cfg.eval_train:
+            row["full_train_loss"], _ = flat.evaluate(at, ds.x_train, ds.y_train, prep)
+        if algo.private:
+            row.update(algo.spent(k))
 
-    row0 = {"round": 0, "noise_std": algo.noise.std, "transmissions": 0, "transmissions_total": 0,
-            "bytes_uploaded": 0, "bytes_total": 0, "wall_time": 0.0}
+    row0 = {"round": 0, "noise_std": algo.noise_std, "bits_per_coord": bits, "transmissions": 0,
+            "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0, "wall_time": 0.0}
     evaluate(row0, x, 0)
     rec.add(row0)
     status, sent, t0 = "completed", 0, time.perf_counter()
@@ -107,9 +108,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     for k in bar:
         x, info = algo.round(k, x, clients)
         sent += info["uploads"]
-        row = {"round": k + 1, "train_loss": info["loss"], "noise_std": algo.noise.std,
+        row = {"round": k + 1, "train_loss": info["loss"], "noise_std": algo.noise_std, "bits_per_coord": bits,
                "transmissions": info["uploads"], "transmissions_total": sent,
-               "bytes_uploaded": info["uploads"] * elem_bytes, "bytes_total": sent * elem_bytes}
+               "bytes_uploaded": info["uploads"] * upload_bytes, "bytes_total": sent * upload_bytes}
         diverged = not math.isfinite(info["loss"]) or not bool(torch.isfinite(x).all())
         if diverged:
             row["test_loss"] = row["test_acc"] = math.nan
@@ -136,8 +137,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "split": ds.split, "train_size": len(ds.y_train), "test_size": len(ds.y_test),
         "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": flat.dim,
         "backend": engine.backend, "device": str(device), "threads": torch.get_num_threads(),
-        "noise_std": algo.noise.std, "private": algo.private,
-        "privacy": _privacy_summary(privacy, algo, ledger, rec.rows[-1]["round"]) if algo.private else None,
+        "noise_std": algo.noise_std, "bits_per_coord": bits, "private": algo.private,
+        "privacy": algo.privacy_report(rec.rows[-1]["round"]) if algo.private else None,
         "wall_time_s": time.perf_counter() - t_start,
         "seconds_per_round": (time.perf_counter() - t0) / max(1, rec.rows[-1]["round"]),
         "versions": {"normfl": normfl.__version__, "torch": torch.__version__,
@@ -147,18 +148,6 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 def build_privacy(cfg: DictConfig) -> Privacy:
     return Privacy(accountant=cfg.accountant.name, **OmegaConf.to_container(cfg.privacy, resolve=True))
-
-
-def _privacy_summary(privacy: Privacy, algo, ledger: Ledger, rounds_done: int) -> dict:
-    spent = ledger.spent(rounds_done)
-    return {
-        "target_epsilon": privacy.epsilon, "delta": privacy.delta,
-        "calibration": "paper formula" if privacy.uses_formula else f"solved with {privacy.accountant}",
-        "noise_by": algo.noise_by, "noise_multiplier": algo.noise_multiplier, "sampling_rate": algo.p,
-        "neighbouring": privacy.neighbouring, "amplification_claimed": privacy.amplification and algo.p < 1,
-        "epsilon_rdp": spent["rdp"], "epsilon_pld": spent["pld"],
-        "assumptions": privacy.assumptions(algo.noise_by, algo.p),
-    }
 
 
 def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:

@@ -2,10 +2,13 @@
 
     .venv/bin/python scripts/bench_backends.py                      # ResNet20 on CIFAR-10, 10 x 32
     .venv/bin/python scripts/bench_backends.py model=logreg dataset=fashion_mnist clients=100
+    .venv/bin/python scripts/bench_backends.py experiment=nfa_t4_qtdl    # 25 of 50 clients, MLP, 256
 
-Takes the same overrides as train.py. Times only the clients' gradient computation of a round
+Takes the same overrides as train.py. Times only the clients' gradient computation of one step
 (the algorithm's own vector work and evaluation are excluded), alternating backends so that
-machine noise hits both alike.
+machine noise hits both alike. Algorithms with a cohort (``algo.cohort_size``) time that many
+clients; with local steps (``algo.local_steps`` > 1) each client sits at its own point, as it does
+after its first local step.
 """
 
 import statistics
@@ -34,10 +37,15 @@ def main(overrides, reps=7):
                      device)
     data = ClientData(ds.x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, Preprocess(ds.mean, ds.std, device),
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
+    ids = list(range(cfg.algo.cohort_size)) if cfg.algo.get("cohort_size") else None
     x, engines = flat.vector(), {b: ClientEngine(flat, b) for b in ("sequential", "vmap")}
+    own = (cfg.algo.get("local_steps") or 1) > 1
+    if own:                                            # one point per client
+        n = len(ids) if ids else cfg.clients
+        x = x + 1e-3 * torch.randn(n, flat.dim, generator=torch.Generator().manual_seed(0)).to(device)
     times = {b: [] for b in engines}
     for rep in range(reps + 1):
-        batches = data.next_batches()
+        batches = data.next_batches(ids)
         for name, eng in engines.items():
             t = time.perf_counter()
             eng.grads(x, batches)
@@ -46,10 +54,11 @@ def main(overrides, reps=7):
             if rep:                                    # rep 0 is warm-up
                 times[name].append(time.perf_counter() - t)
     med = {b: statistics.median(v) for b, v in times.items()}
-    print(f"{type(flat.module).__name__} d={flat.dim} clients={cfg.clients} batch={cfg.batch_size} "
-          f"oracle={cfg.oracle} device={device} threads={torch.get_num_threads()} reps={reps}")
+    print(f"{type(flat.module).__name__} d={flat.dim} clients={len(batches)} of {cfg.clients} batch={cfg.batch_size} "
+          f"points={'per-client' if own else 'shared'} oracle={cfg.oracle} device={device} "
+          f"threads={torch.get_num_threads()} reps={reps}")
     for b, m in med.items():
-        print(f"  {b:10s} median {m * 1000:8.1f} ms/round")
+        print(f"  {b:10s} median {m * 1000:8.1f} ms/step")
     print(f"  ratio vmap/sequential = {med['vmap'] / med['sequential']:.2f}")
 
 

@@ -7,15 +7,15 @@ from typing import Protocol
 import torch
 
 from normfl.ops import GaussianNoise
-from normfl.privacy import Privacy
+from normfl.privacy import Ledger, Privacy
 
 
 class Clients(Protocol):
     """The clients as an algorithm sees them (``normfl.engine.Clients`` is the real one)."""
 
-    def grads(self, x: torch.Tensor, batches=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def grads(self, x: torch.Tensor, batches=None, ids=None) -> tuple[torch.Tensor, torch.Tensor]:
         """x (``[d]`` or ``[n, d]``) -> (per-client gradients ``[n, d]``, losses ``[n]``) on the clients'
-        next batches (or on ``batches``)."""
+        next batches (or on ``batches``); with ``ids`` only those clients, one row each."""
 
     def cyclic_pass(self, batch_size: int) -> list:
         """Each client's local data in a fixed order, as a list of steps of per-client batches."""
@@ -32,6 +32,7 @@ class Algorithm:
     upload_bound: float = 1.0
     noise_by: str = "client"
     p: float = 1.0                       # participation probability (1: every client, every round)
+    bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
 
     def __init__(self, gamma: float, beta: float, alpha: float = 0.0, private: bool = False, name: str = ""):
         self.gamma, self.beta, self.alpha, self.private = float(gamma), float(beta), float(alpha), bool(private)
@@ -43,6 +44,31 @@ class Algorithm:
         self.num_clients, self.seed = num_clients, seed
         std = privacy.upload_std(self.upload_bound, self.beta, rounds, self.p) if self.private else 0.0
         self.noise = GaussianNoise(std, seed, who=self.noise_by)
+        self.privacy, self._ledger = privacy, None
+
+    @property
+    def noise_std(self) -> float:
+        """Per-coordinate std of the privacy noise on the vector it is added to."""
+        return self.noise.std
+
+    def spent(self, k: int) -> dict[str, float | None]:
+        """Epsilon spent after k rounds, by column (``eps_rdp``, ``eps_pld``), for a private run."""
+        if self._ledger is None:                  # built on first use: a PLD is not free
+            self._ledger = Ledger(self.privacy.mechanism(self.noise_multiplier, self.p), self.privacy.delta)
+        spent = self._ledger.spent(k)
+        return {"eps_rdp": spent["rdp"], "eps_pld": spent["pld"]}
+
+    def privacy_report(self, k: int) -> dict:
+        """The summary's privacy block after k rounds: noise, assumptions and epsilon spent."""
+        pr = self.privacy
+        return {
+            "target_epsilon": pr.epsilon, "delta": pr.delta,
+            "calibration": "paper formula" if pr.uses_formula else f"solved with {pr.accountant}",
+            "noise_by": self.noise_by, "noise_multiplier": self.noise_multiplier, "sampling_rate": self.p,
+            "neighbouring": pr.neighbouring, "amplification_claimed": pr.amplification and self.p < 1,
+            **{f"epsilon_{col.removeprefix('eps_')}": v for col, v in self.spent(k).items()},
+            "assumptions": pr.assumptions(self.noise_by, self.p),
+        }
 
     @property
     def noise_multiplier(self) -> float:

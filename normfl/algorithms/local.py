@@ -4,6 +4,9 @@
   (T = 1 gives T_i(x) = x - γ∇f_i(x), so the pseudo-gradient is ∇f_i(x)).
 - ``ig``: one cyclic incremental-gradient pass over the client's N samples in a fixed order, in
   batches of b: x_i^{j+1} = x_i^j - γ (b_j/N) ∇f_{i,B_j}(x_i^j) (b = 1 is the paper's per-sample pass).
+
+``local_sgd`` is the local training of the DP-NormFedAvg experiments (NFA Sec. 6): E steps of
+PyTorch's SGD on minibatches, with heavy-ball momentum and weight decay, from a fresh optimizer.
 """
 
 from __future__ import annotations
@@ -35,3 +38,24 @@ def pseudo_gradient(x: torch.Tensor, clients: Clients, gamma: float, steps: int 
     else:
         raise ValueError(f"local.operator={operator!r}; allowed: {', '.join(OPERATORS)}")
     return (x - X) / gamma, loss
+
+
+def local_sgd(x: torch.Tensor, clients: Clients, ids, steps: int, lr: float, momentum: float = 0.0,
+              weight_decay: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clients ``ids`` each run ``steps`` steps of ``torch.optim.SGD`` (dampening 0, no Nesterov) from x
+    on their next minibatches, with a zero momentum buffer:
+
+        d = ∇f_i(w) + λ w,   b = μ b + d,   w = w - η b.
+
+    Returns ([len(ids), d] final points w_{k,E}, [len(ids)] minibatch losses at x)."""
+    W, buf, loss = x, None, None
+    for _ in range(steps):
+        G, step_loss = clients.grads(W, ids=ids)               # a fresh tensor: updated in place below
+        if weight_decay:
+            G.add_(W, alpha=weight_decay)
+        if buf is None:
+            buf, loss = G, step_loss
+        else:
+            buf.mul_(momentum).add_(G)
+        W = x - lr * buf if W is x else W.sub_(buf, alpha=lr)   # x itself is never written
+    return W, loss

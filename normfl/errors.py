@@ -1,0 +1,9 @@
+"""The error every refused input raises, wherever it is detected."""
+
+
+class ConfigError(ValueError):
+    """A bad config value, refused before any training: names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")

@@ -1,0 +1,160 @@
+"""DP-NormFedAvg and its variants (NFA): rounds by hand, the local optimizer, the privatizers as set up
+from the paper's theorems, and config refusals."""
+
+import math
+
+import pytest
+import torch
+
+from normfl.algorithms import NormFedAvg
+from normfl.algorithms.local import local_sgd
+from normfl.config import ConfigError, validate
+from normfl.ops import cohort
+from normfl.privacy import Privacy
+from tests.test_config import cfg_with
+
+
+class Quadratic:
+    """Clients with f_i(w) = ½ ||w - b_i||² (exact gradients, any subset of clients)."""
+
+    def __init__(self, centers):
+        self.centers = centers
+
+    def grads(self, x, batches=None, ids=None):
+        b = self.centers if ids is None else self.centers[ids]
+        G = x - b
+        return G, 0.5 * (G ** 2).sum(1)
+
+
+def nfa(**kw):
+    base = dict(eta0=0.1, lr_decay=1.0, beta=[[0, 0.5]], local_steps=2, momentum=0.0, weight_decay=0.0,
+                cohort_size=1)
+    return NormFedAvg(**{**base, **kw})
+
+
+def test_normfedavg_one_client_two_rounds_by_hand():
+    # f(w) = ½||w - b||², b = (3, 4), w_0 = 0, E = 2 GD steps of η_k = 0.1 · 0.5^k, β = 0.5.
+    b = torch.tensor([[3.0, 4.0]], dtype=torch.float64)
+    algo = nfa(lr_decay=0.5)
+    algo.setup(torch.zeros(2, dtype=torch.float64), 1, 2, Privacy(), seed=0)
+    # round 0: w_{0,1} = 0.1 b, w_{0,2} = 0.1 b + 0.1 (b - 0.1 b) = 0.19 b; unit(w_0 - w_{0,2}) = -b/5
+    x1, info = algo.round(0, torch.zeros(2, dtype=torch.float64), Quadratic(b))
+    assert torch.allclose(x1, torch.tensor([0.3, 0.4], dtype=torch.float64))          # 0 - 0.5 (-b/5)
+    assert info == {"loss": pytest.approx(12.5), "uploads": 1}                        # ½||0 - b||²
+    # round 1: η_1 = 0.05; w_1 - w_{1,2} = (1 - 0.95²)(w_1 - b) points along -b again
+    x2, _ = algo.round(1, x1, Quadratic(b))
+    assert torch.allclose(x2, torch.tensor([0.6, 0.8], dtype=torch.float64))
+
+
+def test_local_sgd_is_pytorch_sgd_with_momentum_and_weight_decay():
+    b = torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]], dtype=torch.float64)
+    x = torch.tensor([0.2, 0.1, -0.3], dtype=torch.float64)
+    W, loss = local_sgd(x, Quadratic(b), torch.tensor([0, 1]), steps=5, lr=0.1, momentum=0.9, weight_decay=0.01)
+    for i in range(2):
+        w = torch.nn.Parameter(x.clone())
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=0.01)
+        for _ in range(5):
+            opt.zero_grad()
+            (0.5 * ((w - b[i]) ** 2).sum()).backward()
+            opt.step()
+        assert torch.allclose(W[i], w.detach(), atol=1e-12)
+    assert torch.allclose(loss, 0.5 * ((x - b) ** 2).sum(1))                          # at the start point
+    assert torch.equal(x, torch.tensor([0.2, 0.1, -0.3], dtype=torch.float64))        # not written
+
+
+def test_fedavg_averages_the_local_models_of_a_uniform_cohort():
+    b = torch.arange(12, dtype=torch.float64).reshape(6, 2)
+    algo = nfa(upload="update", beta=[[0, 1.0]], cohort_size=3)
+    algo.setup(torch.zeros(2, dtype=torch.float64), 6, 1, Privacy(), seed=3)
+    x1, info = algo.round(0, torch.zeros(2, dtype=torch.float64), Quadratic(b))
+    ids = cohort(6, 3, 3, 0)
+    assert info["uploads"] == 3 and len(set(ids.tolist())) == 3
+    assert torch.allclose(x1, 0.19 * b[ids].mean(0))                                  # mean of w_{0,2}^(i)
+
+
+def test_server_step_schedules():
+    algo = nfa(beta=[[100, 0.05], [0, 0.1]])
+    assert [algo.step(k) for k in (0, 99, 100, 499)] == [0.1, 0.1, 0.05, 0.05]
+    algo = nfa(beta=None, beta_over_eta=50, eta0=0.05, lr_decay=0.99)
+    assert algo.step(10) == pytest.approx(50 * 0.05 * 0.99 ** 10)
+
+
+D_FMNIST = 328_810
+
+
+def test_dp_normfedavg_per_round_parameters_come_from_theorem_1():
+    algo = nfa(mechanism="qtdl", s=4096, cohort_size=25)
+    algo.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=10), seed=0)
+    assert (algo.mech.m, algo.bits_per_coord) == (413, 14)                             # spec B.8, Table 4
+    assert algo.mech.alpha == pytest.approx(10 / (2 * D_FMNIST + 0.1 * 4096 * math.sqrt(D_FMNIST)))
+    assert algo.spent(1)["eps_composed"] == pytest.approx(10.0)                        # one message
+    assert algo.spent(500)["eps_composed"] == pytest.approx(5000.0)                    # basic composition wins
+
+
+def test_all_rounds_scope_meets_the_whole_run_target():
+    """Table 3's setting: (0.1, 1e-9) over 500 rounds, worst-case sensitivity, s = 2^29 (32 bits)."""
+    algo = NormFedAvg(eta0=0.005, beta=[[0, 0.02]], mechanism="qtdl", s=2 ** 29, scope="all_rounds",
+                      sensitivity="worst_case", cohort_size=25)
+    algo.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=0.1, delta=1e-9), seed=0)
+    assert algo.bits_per_coord == 32 and algo.eps_msg == pytest.approx(6.94e-4, rel=1e-3)
+    eps, delta = algo.composed(500)
+    assert 0.09 < eps <= 0.1 and delta == pytest.approx(1e-9)
+    report = algo.privacy_report(500)
+    assert report["per_message"]["delta"] == f"2^-{D_FMNIST}" and "worst case" in report["sensitivity"]["kind"]
+    assert report["per_message"]["delta_exact"] > 0.4                                 # Theorem 1's δ is not 2^-d
+
+
+def test_aggregate_level_noise_is_one_draw_with_sensitivity_over_r():
+    server = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], mechanism="qtdl", s=2 ** 29, scope="all_rounds",
+                        sensitivity="worst_case", noise_at="server", cohort_size=25)
+    server.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=0.1, delta=1e-9), seed=0)
+    assert server.sens.linf == pytest.approx(2 * 2 ** 29 / 25) and server.bits_per_coord == 31   # spec B.8
+    b = torch.randn(50, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    small = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], local_steps=1, mechanism="qtdl", s=8, noise_at="server",
+                       cohort_size=5)
+    small.setup(torch.zeros(6, dtype=torch.float64), 50, 10, Privacy(epsilon=1.0), seed=0)
+    x1, _ = small.round(0, torch.zeros(6, dtype=torch.float64), Quadratic(b))
+    # the step is the mean of quantized units plus one TDL draw: on the 1/s grid scaled by 1/r and β
+    assert torch.allclose(x1 * 8 * 5, torch.round(x1 * 8 * 5), atol=1e-9)
+
+
+def test_private_round_is_seeded_unbiased_and_on_the_grid():
+    b = torch.randn(4, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    algo = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], local_steps=1, mechanism="qtdl", s=16, cohort_size=4)
+    algo.setup(torch.zeros(5, dtype=torch.float64), 4, 1, Privacy(epsilon=1.0), seed=0)
+    x0 = torch.zeros(5, dtype=torch.float64)
+    a, _ = algo.round(0, x0, Quadratic(b))
+    again, _ = algo.round(0, x0, Quadratic(b))
+    assert torch.equal(a, again)                                                       # seeded by (seed, round)
+    draws = torch.stack([algo.round(k, x0, Quadratic(b))[0] for k in range(4000)])
+    exact = torch.nn.functional.normalize(b, dim=1).mean(0)            # x0 - mean unit(x0 - w_E), w_E = x0 + η b
+    se = draws.std(0) / math.sqrt(len(draws))
+    assert ((draws.mean(0) - exact).abs() < 5 * se).all()                              # unbiased (5 standard errors)
+
+
+NFA = ["experiment=nfa_t4_qtdl"]
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["algo.beta_over_eta=50"], "algo.beta"),                                # both schedules
+    (["algo.beta=[[10,0.1]]"], "algo.beta"),                                 # no value at round 0
+    (["algo.mechanism=binomial", "algo.scope=all_rounds"], "algo.scope"),
+    (["algo.upload=update"], "algo.upload"),                                 # quantizer needs |u_i| <= 1
+    (["algo.upload=clip", "algo.clip=2.0"], "algo.clip"),
+    (["algo.mechanism=none", "algo.noise_at=server"], "algo.noise_at"),
+    (["algo.cohort_size=51"], "algo.cohort_size"),
+    (["algo.momentum=1.0"], "algo.momentum"),
+])
+def test_bad_nfa_settings_are_refused(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg_with(*NFA, *overrides))
+    assert err.value.key == key
+
+
+def test_theorem_conditions_are_refused_at_setup():
+    with pytest.raises(ConfigError, match="privacy.epsilon"):                  # Theorem 2 needs ε < 6
+        NormFedAvg(eta0=0.1, beta=[[0, 1.0]], mechanism="qtdl", scope="all_rounds").setup(
+            torch.zeros(100), 50, 10, Privacy(epsilon=5.0, delta=1e-9), seed=0)
+    with pytest.raises(ConfigError, match="privacy.epsilon"):                  # Theorem 1: ε < e^-1 Δ1/Δ∞
+        NormFedAvg(eta0=0.1, beta=[[0, 1.0]], mechanism="qtdl", s=4, mu=0.1).setup(
+            torch.zeros(4), 50, 10, Privacy(epsilon=100.0), seed=0)
