@@ -103,3 +103,16 @@ def test_federated_variants_run(tmp_path, data_root, overrides, uploads):
     m = pd.read_csv(tmp_path / "metrics.csv")
     assert (m["transmissions"].iloc[1:] == uploads).all()
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+
+
+def test_dp_normfedavg_run_logs_bits_full_train_loss_and_privacy(tmp_path, data_root):
+    train(data_root, "experiment=nfa_t4_qtdl", "clients=10", "algo.cohort_size=5", "algo.local_steps=2",
+          "rounds=3", "dataset.train_limit=2400", "dataset.test_limit=500", "progress=false",
+          f"hydra.run.dir={tmp_path}")
+    m = pd.read_csv(tmp_path / "metrics.csv")
+    assert (m["bits_per_coord"] == 14).all() and m["full_train_loss"].notna().all()    # s = 2^12, d = 328,810
+    assert m["bytes_uploaded"].iloc[1] == 5 * 328_810 * 14 / 8
+    assert list(m["eps_composed"]) == [0.0, 10.0, 20.0, 30.0]                          # (10, ·) per message
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["privacy"]["m"] == 413 and summary["privacy"]["per_message"]["delta_exact"] > 0.4
+    assert summary["last5_mean_test_acc"] == pytest.approx(m["test_acc"].tail(4).mean())

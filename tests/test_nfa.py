@@ -158,3 +158,11 @@ def test_theorem_conditions_are_refused_at_setup():
     with pytest.raises(ConfigError, match="privacy.epsilon"):                  # Theorem 1: ε < e^-1 Δ1/Δ∞
         NormFedAvg(eta0=0.1, beta=[[0, 1.0]], mechanism="qtdl", s=4, mu=0.1).setup(
             torch.zeros(4), 50, 10, Privacy(epsilon=100.0), seed=0)
+
+
+def test_binomial_baseline_uses_cpsgd_trials_and_eq7_bits():
+    algo = nfa(mechanism="binomial", s=4096, cohort_size=25)
+    algo.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=10, delta=3e-6), seed=0)
+    assert (algo.mech.trials, algo.bits_per_coord) == (2_843_701, 23)                  # spec B.8, Table 4
+    assert algo.noise_std == pytest.approx(math.sqrt(2_843_701 / 4) / 4096)
+    assert algo.privacy_report(1)["per_message"] == {"epsilon": 10, "delta": 3e-6, "delta_exact": None}

@@ -243,12 +243,32 @@ def _rand(shape: Shape, gen: torch.Generator) -> torch.Tensor:
     return torch.rand(tuple(shape), generator=gen, device=gen.device, dtype=torch.float64)
 
 
+def _quantize(u: torch.Tensor, s: int, gen: torch.Generator) -> torch.Tensor:
+    """s·Q(u) as float64 integers (exact below 2^53), computed in place: the per-round hot path."""
+    us = u.detach().to(torch.float64) * s                          # a new tensor, even for float64 u
+    b = us.floor()
+    up = _rand(us.shape, gen).to(us.device) < us.sub_(b)            # Bernoulli(us - b)
+    return b.add_(up).clamp_(-s, s)
+
+
 def quantize_levels(u: torch.Tensor, s: int, gen: torch.Generator) -> torch.Tensor:
     """Alg. 1 line 3: int64 levels s·Q(u) in {-s..s}, b = floor(us) plus Bernoulli(us - b); unbiased, E = us."""
-    us = u.detach().to(torch.float64) * s
-    b = torch.floor(us)
-    up = (_rand(us.shape, gen).to(us.device) < us - b)
-    return (b.to(torch.int64) + up.to(torch.int64)).clamp_(-s, s)
+    return _quantize(u, s, gen).to(torch.int64)
+
+
+def _tdl(shape: Shape, m: int, alpha: float, gen: torch.Generator) -> torch.Tensor:
+    """TDL draws as float64 integers on the generator's device (see ``tdl_levels``), with two uniforms per draw."""
+    shape = tuple(shape)
+    if m == 0:
+        return torch.zeros(shape, dtype=torch.float64, device=gen.device)
+    if alpha * m < UNIFORM_AM:
+        mag = torch.randint(1, m + 1, shape, generator=gen, device=gen.device, dtype=torch.float64)
+    else:
+        tail = -math.expm1(-alpha * m)
+        mag = _rand(shape, gen).mul_(-tail).log1p_().div_(-alpha).floor_().add_(1).clamp_(1, m)
+    p0 = 1 / tdl_normaliser(m, alpha)            # V < p0: zero; p0 <= V < (1 + p0)/2: negative; else positive
+    v = _rand(shape, gen)
+    return mag.masked_fill_(v < p0, 0).mul_(torch.where(v < (1 + p0) / 2, -1.0, 1.0))
 
 
 def tdl_levels(shape: Shape, m: int, alpha: float, gen: torch.Generator, device: Device = None) -> torch.Tensor:
@@ -256,19 +276,9 @@ def tdl_levels(shape: Shape, m: int, alpha: float, gen: torch.Generator, device:
 
     y = 0 w.p. 1/Z; otherwise a random sign and a magnitude j from the exact inverse CDF of P(j) ∝ e^{-αj} on
     {1..m}: j = 1 + floor(-log1p(-U(1 - e^{-αm}))/α), clamped to [1, m]; uniform on {1..m} if αm < 1e-12.
+    One uniform decides zero and sign together, another gives the magnitude.
     """
-    shape = tuple(shape)
-    if m == 0:
-        return torch.zeros(shape, dtype=torch.int64, device=device)
-    zero = _rand(shape, gen) < 1 / tdl_normaliser(m, alpha)
-    sign = torch.where(_rand(shape, gen) < 0.5, -1, 1)
-    if alpha * m < UNIFORM_AM:
-        mag = torch.randint(1, m + 1, shape, generator=gen, device=gen.device)
-    else:
-        tail = -math.expm1(-alpha * m)
-        mag = 1 + torch.floor(-torch.log1p(-_rand(shape, gen) * tail) / alpha).to(torch.int64)
-        mag = mag.clamp_(1, m)
-    return torch.where(zero, 0, sign * mag).to(device)
+    return _tdl(shape, m, alpha, gen).to(device=device, dtype=torch.int64)
 
 
 def centered_binomial_levels(shape: Shape, trials: int, gen: torch.Generator, device: Device = None,
