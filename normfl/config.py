@@ -13,10 +13,12 @@ from omegaconf import DictConfig
 from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES, PARTICIPATION
 from normfl.algorithms.local import OPERATORS
 from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
+from normfl.algorithms.tau import T_MODES, TAU_RULES
 from normfl.data.sources import SPLITS
 from normfl.engine import BACKENDS, ORACLES
 from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
+from normfl.privacy.sgm import METHODS as RC_METHODS
 
 
 def _get(cfg: DictConfig, key: str):
@@ -62,6 +64,8 @@ def validate(cfg: DictConfig) -> None:
 
     if _get(cfg, "algo._target_") == "normfl.algorithms.NormFedAvg":
         _validate_nfa(cfg)
+    elif _get(cfg, "algo._target_") == "normfl.algorithms.DPFL":
+        _validate_dpfl(cfg)
     else:
         _number(cfg, "algo.gamma", lambda v: v > 0, "a number > 0")
         _number(cfg, "algo.beta", lambda v: v > 0, "a number > 0")
@@ -157,6 +161,24 @@ def _validate_nfa(cfg: DictConfig) -> None:
         raise ConfigError("algo.scope", a.scope, "per_round with mechanism=binomial (cpSGD's per-round guarantee)")
     if a.noise_at == "server" and a.mechanism != "qtdl":
         raise ConfigError("algo.noise_at", "server", "client unless mechanism=qtdl (the aggregate-level variant)")
+
+
+def _validate_dpfl(cfg: DictConfig) -> None:
+    """The keys of DPFL / ALI-DPFL (conf/algo/dpfl.yaml)."""
+    for key in ("lr", "sigma", "clip"):
+        _number(cfg, f"algo.{key}", lambda v: v > 0, "a number > 0")
+    _number(cfg, "algo.sample_rate", lambda v: 0 < v <= 1, "a number in (0, 1]")
+    _number(cfg, "algo.tau", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "algo.tau_cap", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "algo.rc_override", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
+    _number(cfg, "algo.lambda_const", lambda v: 0 < v < 1, "null or a number in (0, 1)", optional=True)
+    _number(cfg, "algo.omega_const", lambda v: v > 0, "null or a number > 0", optional=True)
+    _choice(cfg, "algo.adaptive", (True, False), optional=False)
+    _choice(cfg, "algo.rc_method", RC_METHODS, optional=False)
+    _choice(cfg, "algo.tau_rule", TAU_RULES, optional=False)
+    _choice(cfg, "algo.T_mode", T_MODES, optional=False)
+    if _get(cfg, "model.norm") == "batch":
+        raise ConfigError("model.norm", "batch", "group (DP-SGD's per-sample gradients are undefined with BatchNorm)")
 
 
 def validate_data(cfg: DictConfig, parts) -> None:

@@ -158,6 +158,13 @@ class ClientData:
                                    for p in self.parts]
         return [self._fixed["full"][i] for i in ids]
 
+    def poisson_batches(self, rate: float, ids=None) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        """Per client (all, or those in ``ids``), one Poisson sample of its shard: every sample is taken
+        independently with probability ``rate`` (DP-SGD's sampling), so sizes vary and can be 0."""
+        ids = range(len(self)) if ids is None else [int(i) for i in ids]
+        return [self._piece(self.parts[i][torch.from_numpy(self.rngs[i].random(len(self.parts[i])) < rate)])
+                for i in ids]
+
     def peek(self):
         """The batches the next ``next_batches()`` will return, without consuming them."""
         state = copy.deepcopy((self.rngs, self.order, self.pos))
@@ -204,6 +211,13 @@ class Clients:
     def cyclic_pass(self, batch_size: int):
         return self.data.cyclic_batches(batch_size)
 
+    def clipped_grad_sums(self, x: torch.Tensor, rate: float, clip: float):
+        """DP-SGD's gradient step input: each client Poisson-samples its shard at ``rate`` and sums its
+        per-sample gradients at x (``[d]`` or one row per client), each clipped to norm ``clip``.
+        Returns ([n, d] sums, [n] mean losses, the batches)."""
+        batches = self.data.poisson_batches(rate)
+        return (*self.engine.clipped_sums(x, batches, clip), batches)
+
 
 class ClientEngine:
     """Per-client gradients ``G[i] = grad f_i(X[i])`` and losses, by the chosen backend."""
@@ -213,7 +227,7 @@ class ClientEngine:
 
     def grads(self, x: torch.Tensor, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[d]`` (every client at the same point) or ``[n, d]``; returns ``([n, d], [n])``."""
-        fn = self._vmap if self.backend == "vmap" else self._sequential
+        fn = self._vmap if self.backend == "vmap" and uniform(batches) else self._sequential
         if all(len(b) == 1 and b[0][2] == 1.0 for b in batches):     # one minibatch each: no reweighting
             return fn(x, [b[0] for b in batches])
         n = len(batches)
@@ -227,6 +241,27 @@ class ClientEngine:
             G[idx] += w[:, None] * g
             loss[idx] += w * l
         return G, loss
+
+    def clipped_sums(self, x: torch.Tensor, pieces, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per client i: sum over the samples s of its piece of ∇ℓ(x_i; s) / max(1, ||∇ℓ(x_i; s)|| / clip),
+        with per-sample gradients from ``torch.func.vmap`` over the samples, and the mean loss (0 for an
+        empty piece). A loop over clients: Poisson batches differ in size."""
+        flat = self.flat
+        sums = torch.zeros(len(pieces), flat.dim, device=x.device, dtype=x.dtype)
+        losses = torch.zeros(len(pieces), device=x.device, dtype=x.dtype)
+
+        def loss_one(params, xs, ys):
+            return F.cross_entropy(functional_call(flat.module, params, (xs.unsqueeze(0),)), ys.unsqueeze(0))
+
+        per_sample = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))
+        for i, (xb, yb, _) in enumerate(pieces):
+            if len(yb) == 0:
+                continue
+            g, loss = per_sample(flat.as_params(x if x.dim() == 1 else x[i]), xb, yb)
+            G = torch.cat([g[name].reshape(len(yb), -1) for name in flat.names], dim=1)     # [b, d]
+            scale = 1.0 / torch.clamp(torch.linalg.vector_norm(G, dim=1) / clip, min=1.0)
+            sums[i], losses[i] = scale @ G, loss.mean()
+        return sums, losses
 
     def _sequential(self, x, piece):
         flat, params = self.flat, list(self.flat.module.parameters())

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 COLUMNS = ("round", "train_loss", "full_train_loss", "test_loss", "test_acc", "eps_rdp", "eps_pld", "eps_composed",
-           "noise_std", "bits_per_coord", "transmissions", "transmissions_total", "bytes_uploaded", "bytes_total",
-           "wall_time")
+           "eps_paper", "noise_std", "bits_per_coord", "tau", "steps_total", "transmissions", "transmissions_total",
+           "bytes_uploaded", "bytes_total", "wall_time")
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -110,11 +110,13 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         sent += info["uploads"]
         row = {"round": k + 1, "train_loss": info["loss"], "noise_std": algo.noise_std, "bits_per_coord": bits,
                "transmissions": info["uploads"], "transmissions_total": sent,
-               "bytes_uploaded": info["uploads"] * upload_bytes, "bytes_total": sent * upload_bytes}
+               "bytes_uploaded": info["uploads"] * upload_bytes, "bytes_total": sent * upload_bytes,
+               **{key: info[key] for key in ("tau", "steps_total") if key in info}}
         diverged = not math.isfinite(info["loss"]) or not bool(torch.isfinite(x).all())
+        last = k + 1 == cfg.rounds or info.get("done", False)         # budget-limited algorithms stop early
         if diverged:
             row["test_loss"] = row["test_acc"] = math.nan
-        elif (k + 1) % cfg.eval_every == 0 or k + 1 == cfg.rounds:
+        elif (k + 1) % cfg.eval_every == 0 or last:
             evaluate(row, x, k + 1)
             bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{row['test_acc']:.3f}")
         row["wall_time"] = time.perf_counter() - t0
@@ -125,6 +127,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
             break
         if row.get("test_acc") is not None:
             rec.flush()
+        if last:
+            break
     bar.close()
     rec.flush()
     if cfg.save_params and status == "completed":

@@ -1,5 +1,7 @@
 """The two client backends agree, BatchNorm running statistics follow the documented rule."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -132,3 +134,48 @@ def test_full_oracle_with_unequal_shards():
         flat.module.zero_grad()
         torch.nn.functional.cross_entropy(flat.module(prep(x_all[p])), y_all[p]).backward()
         torch.testing.assert_close(G[i], torch.cat([q.grad.reshape(-1) for q in flat.module.parameters()]))
+
+
+def test_clipped_per_sample_sums_match_a_naive_loop():
+    """DP-SGD's per-sample clipping (vmap over samples) against one backward pass per sample."""
+    torch.manual_seed(2)
+    x_all = torch.randint(0, 256, (60, 1, 28, 28), dtype=torch.uint8)
+    y_all = torch.randint(0, 10, (60,))
+    parts = [np.arange(0, 30), np.arange(30, 60)]
+    prep = Preprocess((0.5,), (0.5,), CPU)
+    data = ClientData(x_all, y_all, parts, 8, 0, prep, augment=False)
+    flat = make(models.cnn, in_shape=(1, 28, 28))
+    engine = ClientEngine(flat, "sequential")
+    X = torch.stack([flat.vector(), flat.vector() + 0.01 * torch.randn(flat.dim)])   # one point per client
+    batches = data.poisson_batches(0.3)
+    clip = 0.1
+    sums, losses = engine.clipped_sums(X, batches, clip)
+    for i, (xb, yb, _) in enumerate(batches):
+        flat.load(X[i])
+        total, norms, ls = torch.zeros(flat.dim), [], []
+        for s in range(len(yb)):
+            flat.module.zero_grad()
+            loss = torch.nn.functional.cross_entropy(flat.module(xb[s:s + 1]), yb[s:s + 1])
+            loss.backward()
+            g = torch.cat([q.grad.reshape(-1) for q in flat.module.parameters()])
+            clipped = g / max(1.0, g.norm().item() / clip)
+            norms.append(clipped.norm().item())
+            total += clipped
+            ls.append(loss.item())
+        torch.testing.assert_close(sums[i], total, rtol=1e-4, atol=1e-6)
+        assert max(norms) <= clip * (1 + 1e-6) and losses[i].item() == pytest.approx(np.mean(ls), rel=1e-5)
+    assert {len(b[1]) for b in batches} != {30} and all(0 < len(b[1]) < 30 for b in batches)   # Poisson sizes
+
+
+def test_poisson_sampling_rate_and_seeding():
+    y = torch.zeros(4000, dtype=torch.long)
+    x = torch.zeros(4000, 1, 1, 1, dtype=torch.uint8)
+    prep = Preprocess((0.0,), (1.0,), CPU)
+
+    def sizes(seed):
+        d = ClientData(x, y, [np.arange(0, 2000), np.arange(2000, 4000)], 8, seed, prep, augment=False)
+        return [[len(b[1]) for b in d.poisson_batches(0.015)] for _ in range(200)]
+
+    s = np.array(sizes(0))
+    assert sizes(0) == s.tolist() and sizes(1) != s.tolist()
+    assert abs(s.mean() - 30) < 4 * math.sqrt(30 * 0.985 / s.size)                      # E = q |D_i| = 30

@@ -59,3 +59,22 @@ def local_sgd(x: torch.Tensor, clients: Clients, ids, steps: int, lr: float, mom
             buf.mul_(momentum).add_(G)
         W = x - lr * buf if W is x else W.sub_(buf, alpha=lr)   # x itself is never written
     return W, loss
+
+
+def local_dpsgd(x: torch.Tensor, clients: Clients, steps: int, lr: float, clip: float, sigma: float, rate: float,
+                batch: torch.Tensor, gen: torch.Generator):
+    """Every client runs ``steps`` DP-SGD steps from x (ALI Alg. 1 lines 6-11, Alg. 2 lines 7-12):
+    a Poisson batch at ``rate``, per-sample gradients clipped to ``clip``, and
+
+        g̃ = (Σ_s clip(∇ℓ(w; s)) + N(0, σ²C² I)) / B,   w = w - η g̃,
+
+    with B = ``batch[i]``, client i's expected batch size q·|D_i| (spec A.2). Returns ([n, d] final
+    models, [n] mean losses of the first step's batches, the last step's batches, and the models
+    that step started from)."""
+    W, loss, batches, before = x, None, None, x
+    for _ in range(steps):
+        S, step_loss, batches = clients.clipped_grad_sums(W, rate, clip)
+        loss = step_loss if loss is None else loss
+        noise = torch.randn(S.shape, generator=gen, device=S.device, dtype=S.dtype)
+        before, W = W, W - lr * (S + sigma * clip * noise) / batch[:, None]
+    return W, loss, batches, before

@@ -1,0 +1,129 @@
+"""ALI-DPFL (ALI Algorithm 2) and fixed-τ DPFL (ALI Algorithm 1); spec alidpfl_normfedavg.md Part A.
+
+Every round all N clients start from the global model ŵ(k) and run τ DP-SGD steps on their own
+data (Poisson batches at rate q, per-sample clipping to C, Gaussian noise σC on the sum, step η;
+``local.local_dpsgd``). The server averages the local models with weights |D_i|/|D| (line 16).
+
+Budgets (spec A.6, A.7, C-A13): the server has R_s = ``rounds`` rounds; each client's privacy
+budget (``privacy.epsilon``, ``privacy.delta``) supports R_c DP-SGD steps by the paper's
+accountant. All clients take the same number of steps, so T_used, the steps taken so far, is each
+client's privacy spent. A run stops after R_s rounds or when the budget is used up:
+
+- fixed τ (``adaptive=false``, Alg. 1): min(R_s, ⌊R_c/τ⌋) rounds of τ steps;
+- ALI-DPFL (``adaptive=true``, Alg. 2): round k takes τ_k = min(τ*, R_c - T_used) steps, and after
+  aggregating the server picks the next τ* (line 19, ``tau.TauSelector``) from the estimates of
+  lines 4, 17 and 18, which the clients compute on their last batch of the round (spec C-A5). Those
+  estimates use the clients' data without noise and are not accounted for, as in the paper.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from normfl.algorithms.base import Algorithm, Clients
+from normfl.algorithms.local import local_dpsgd
+from normfl.algorithms.tau import Estimates, TauSelector, code_estimates, noise_constant, weighted_estimates
+from normfl.errors import ConfigError
+from normfl.ops import round_generator
+from normfl.privacy.sgm import ClientAccountant
+
+log = logging.getLogger(__name__)
+
+
+class DPFL(Algorithm):
+    noise_by = "client"
+
+    def __init__(self, lr=0.5, sigma=1.1, clip=0.1, sample_rate=0.015, tau=1, adaptive=False,
+                 rc_method="bisect_tol", rc_override=None, tau_rule="g_bound_v1", T_mode="static", tau_cap=100,
+                 lambda_const=None, omega_const=None, name="dpfl"):
+        super().__init__(gamma=lr, beta=1.0, private=True, name=name)
+        self.lr, self.sigma, self.clip, self.q = float(lr), float(sigma), float(clip), float(sample_rate)
+        self.tau, self.adaptive = int(tau), bool(adaptive)
+        self.rc_method, self.rc_override = rc_method, rc_override
+        self.selector_args = {"rule": tau_rule, "T_mode": T_mode, "tau_cap": int(tau_cap),
+                              "lambda_const": lambda_const, "omega_const": omega_const}
+
+    def setup(self, x0, num_clients, rounds, privacy, seed):
+        self.num_clients, self.seed, self.privacy, self.R_s = num_clients, seed, privacy, rounds
+        self.acct = ClientAccountant(self.q, self.sigma, privacy.delta, privacy.epsilon)
+        self.R_c = int(self.rc_override) if self.rc_override is not None else self.acct.budget_steps(self.rc_method)
+        if self.R_c < (1 if self.adaptive else self.tau):
+            raise ConfigError("privacy.epsilon", privacy.epsilon, f"a budget that supports at least "
+                              f"{1 if self.adaptive else self.tau} DP-SGD steps (it supports R_c = {self.R_c})")
+        self.dim, self.used, self.tau_next, self.selector = x0.numel(), 0, (1 if self.adaptive else self.tau), None
+
+    def _start(self, clients: Clients, device, dtype) -> None:
+        """What needs the clients' shard sizes: the weights |D_i|/|D|, the expected batches and the selector."""
+        sizes = torch.tensor([len(p) for p in clients.data.parts], dtype=dtype, device=device)
+        self.weights, self.batch = sizes / sizes.sum(), self.q * sizes
+        if self.adaptive:
+            noise = noise_constant(self.dim, self.sigma, self.clip, float(self.batch.min()))
+            self.selector = TauSelector(self.lr, noise, self.R_s, self.R_c, clip=self.clip, sigma=self.sigma,
+                                        dim=self.dim, batch_hat=int(self.batch.min()), **self.selector_args)
+
+    def round(self, k: int, x: torch.Tensor, clients: Clients):
+        if k == 0:
+            self._start(clients, x.device, x.dtype)
+        tau = min(self.tau_next, self.R_c - self.used)                               # never overspend (C-A13)
+        gen = round_generator(self.seed, 2, k, x.device)
+        W, loss, last, before = local_dpsgd(x, clients, tau, self.lr, self.clip, self.sigma, self.q, self.batch, gen)
+        x_new = self.weights @ W                                                     # 16: Σ |D_i|/|D| ŵ_i
+        self.used += tau
+        if self.selector is not None and self.used < self.R_c:
+            self.tau_next = self._select(W, x_new, last, before, clients, k + 1)     # 17-19
+        done = self.used >= self.R_c if self.adaptive else self.R_c - self.used < self.tau
+        return x_new, {"loss": float(self.weights @ loss), "uploads": self.num_clients, "tau": tau,
+                       "steps_total": self.used, "done": done}
+
+    def _select(self, W, x_new, last, before, clients: Clients, rounds_done: int) -> int:
+        """Lines 4, 17-19 on each client's last batch S_i (clients with an empty S_i sit out).
+
+        ``g_bound_v1``: ρ_i, β_i from the local model against the new global model, and ∇F_i, F_i at
+        the new global model. ``closed_form_code``: μ̂, Γ̂ from the last local step (the model before
+        it against the one after it) and the distance to the new global model."""
+        keep = [i for i, b in enumerate(last) if len(b[1]) > 0]
+        pieces = [[last[i]] for i in keep]
+        w = (self.weights[keep] / self.weights[keep].sum()).tolist()
+        dist = torch.linalg.vector_norm(W[keep] - x_new, dim=1).clamp_min(1e-12)
+        g_local, l_local = clients.grads(W[keep], pieces)
+        if self.selector.rule == "closed_form_code":
+            g_prev, l_prev = clients.grads(before[keep] if before.dim() == 2 else before, pieces)
+            mu, gamma = code_estimates(w, torch.linalg.vector_norm(g_local - g_prev, dim=1).tolist(),
+                                       dist.tolist(), (l_local - l_prev).tolist())
+            est = Estimates(mu=mu, gamma=gamma)
+        else:
+            g_new, l_new = clients.grads(x_new, pieces)
+            est = weighted_estimates(w, ((l_local - l_new).abs() / dist).tolist(),
+                                     (torch.linalg.vector_norm(g_local - g_new, dim=1) / dist).tolist(),
+                                     g_new, l_new.tolist())
+        before = self.selector.infeasible_rounds
+        tau = self.selector.update(est, rounds_done, self.used)
+        if self.selector.infeasible_rounds > before:
+            log.warning("round %d: no τ could be chosen from the estimates (%s); τ* stays %d",
+                        rounds_done, est, tau)
+        return tau
+
+    @property
+    def noise_std(self) -> float:
+        """σC: the std of the noise each DP-SGD step adds to the sum of clipped gradients."""
+        return self.sigma * self.clip
+
+    # -- privacy: every client has taken T_used DP-SGD steps ----------------------------------
+    def spent(self, k: int) -> dict[str, float]:
+        return self.acct.spent(self.used)
+
+    def privacy_report(self, k: int) -> dict:
+        return {
+            "unit": "one sample of a client's data (each client separately)",
+            "sampling_rate": self.q, "noise_multiplier": self.sigma, "clip": self.clip,
+            "target_epsilon": self.privacy.epsilon, "delta": self.privacy.delta,
+            "R_c": self.R_c, "R_c_method": "override" if self.rc_override is not None else self.rc_method,
+            "R_s": self.R_s, "steps_taken": self.used,
+            **{f"epsilon_{col.removeprefix('eps_')}": v for col, v in self.spent(k).items()},
+            "assumptions": "the paper's accountant (integer-order RDP of the sampled Gaussian, Mironov's "
+                           "conversion) stops each client; dp-accounting's RDP and PLD under add/remove-one "
+                           "are reported beside it. ALI-DPFL's estimates of ρ, β, ξ use the clients' data "
+                           "without noise and are not accounted (as in the paper)",
+        }

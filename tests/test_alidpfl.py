@@ -1,0 +1,101 @@
+"""ALI-DPFL and fixed-τ DPFL: budgets, rounds, aggregation and the τ* loop, on stand-in clients."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from normfl.algorithms import DPFL
+from normfl.config import ConfigError, validate
+from normfl.ops import round_generator
+from normfl.privacy import Privacy
+from normfl.privacy.sgm import paper_epsilon
+from tests.test_config import cfg_with
+
+
+class Clients:
+    """n clients whose clipped per-sample sums pull client i towards b_i (its batch: 5 samples of 1 feature)."""
+
+    def __init__(self, centers, sizes):
+        self.centers = centers
+        self.data = SimpleNamespace(parts=[range(s) for s in sizes])
+        self.steps = 0
+
+    def clipped_grad_sums(self, W, rate, clip):
+        self.steps += 1
+        G = torch.clamp(W - self.centers, -clip, clip)                      # a bounded "gradient sum"
+        batches = [(torch.zeros(5, 1), torch.zeros(5, dtype=torch.long), 1.0) for _ in self.centers]
+        return G, 0.5 * ((W - self.centers) ** 2).sum(1), batches
+
+    def grads(self, X, batches):
+        G = X - self.centers[: len(batches)]
+        return G, 0.5 * (G ** 2).sum(-1)
+
+
+def run(algo, rounds, epsilon, n=3, sizes=None, seed=0):
+    centers = torch.arange(n * 2, dtype=torch.float64).reshape(n, 2)
+    clients = Clients(centers, sizes or [100] * n)
+    algo.setup(torch.zeros(2, dtype=torch.float64), n, rounds, Privacy(epsilon=epsilon, delta=1e-5), seed)
+    x, infos = torch.zeros(2, dtype=torch.float64), []
+    for k in range(rounds):
+        x, info = algo.round(k, x, clients)
+        infos.append(info)
+        if info["done"]:
+            break
+    return x, infos, clients
+
+
+@pytest.mark.parametrize("tau", [1, 3, 5])
+def test_fixed_tau_runs_min_of_rs_and_rc_over_tau_rounds(tau):
+    # ε = 1.55 supports R_c = 79 steps (spec A.7); R_s = 200 > 79 / τ
+    _, infos, clients = run(DPFL(tau=tau, sigma=1.1), 200, 1.55)
+    assert len(infos) == min(200, 79 // tau) and all(i["tau"] == tau for i in infos)
+    assert infos[-1]["steps_total"] == tau * (79 // tau) and clients.steps == tau * (79 // tau) * 1
+    _, infos, _ = run(DPFL(tau=tau, sigma=1.1), 10, 1.55)                                    # R_s binds
+    assert len(infos) == 10 and not infos[-1]["done"]
+
+
+def test_adaptive_never_overspends_and_uses_the_whole_budget():
+    """With rc_method=exact the paper's ε stays within the budget after every round; τ_k fills the rest."""
+    algo = DPFL(adaptive=True, rc_method="exact", sigma=1.1)
+    _, infos, _ = run(algo, 60, 1.75)                                                        # R_c = 174 steps
+    steps = [i["steps_total"] for i in infos]
+    assert all(paper_epsilon(s, 0.015, 1.1, 1e-5) <= 1.75 for s in steps)
+    assert steps[-1] == algo.R_c == 174 or len(infos) == 60
+    assert all(b - a == i["tau"] for a, b, i in zip([0] + steps, steps, infos, strict=False))
+    assert algo.spent(0)["eps_paper"] == pytest.approx(paper_epsilon(algo.used, 0.015, 1.1, 1e-5))
+
+
+def test_condition_one_keeps_tau_at_one():
+    """R_s >= R_c: T(τ) = R_c for every τ, so G is smallest at τ = 1 (spec A.4)."""
+    algo = DPFL(adaptive=True, sigma=1.1)
+    _, infos, _ = run(algo, 200, 1.55)
+    assert {i["tau"] for i in infos} == {1} and len(infos) == 79
+
+
+def test_one_dpsgd_step_and_size_weighted_average_by_hand():
+    algo = DPFL(tau=1, lr=0.5, sigma=1.1, clip=100.0, sample_rate=0.5, rc_override=10)
+    x1, _, _ = run(algo, 1, 1.55, n=2, sizes=[100, 300])
+    # client i: w_i = 0 - η (clip(0 - b_i) + σ C z_i) / B_i, B_i = 0.5 |D_i|; server: weights 1/4, 3/4
+    b = torch.tensor([[0.0, 1.0], [2.0, 3.0]], dtype=torch.float64)
+    z = torch.randn(2, 2, generator=round_generator(0, 2, 0, None), dtype=torch.float64)
+    w = -0.5 * (-b + 1.1 * 100.0 * z) / torch.tensor([[50.0], [150.0]], dtype=torch.float64)
+    assert torch.allclose(x1, 0.25 * w[0] + 0.75 * w[1])
+
+
+def test_budget_smaller_than_tau_is_refused():
+    with pytest.raises(ConfigError, match="privacy.epsilon"):
+        DPFL(tau=5).setup(torch.zeros(2), 3, 10, Privacy(epsilon=1.0, delta=1e-5), 0)     # R_c < 5
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["algo.tau=0"], "algo.tau"),
+    (["algo.rc_method=paper"], "algo.rc_method"),
+    (["algo.tau_rule=h"], "algo.tau_rule"),
+    (["algo.sample_rate=1.5"], "algo.sample_rate"),
+    (["model=resnet20"], "model.norm"),
+])
+def test_bad_dpfl_settings_are_refused(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg_with("experiment=alidpfl_fmnist", *overrides))
+    assert err.value.key == key
