@@ -244,23 +244,22 @@ class ClientEngine:
 
     def clipped_sums(self, x: torch.Tensor, pieces, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Per client i: sum over the samples s of its piece of ∇ℓ(x_i; s) / max(1, ||∇ℓ(x_i; s)|| / clip),
-        with per-sample gradients from ``torch.func.vmap`` over the samples, and the mean loss (0 for an
-        empty piece). A loop over clients: Poisson batches differ in size."""
+        and the mean loss (0 for an empty piece). A loop over clients: Poisson batches differ in size.
+
+        Models built of Linear and Conv2d layers only (the MLP, the CNN, logreg) take two ordinary
+        backward passes: per-sample gradient norms come from each layer's inputs and output gradients,
+        and the clipped sum is the gradient of the loss reweighted by the clip factors. Other models get
+        per-sample gradients from ``torch.func.vmap`` over the samples."""
         flat = self.flat
         sums = torch.zeros(len(pieces), flat.dim, device=x.device, dtype=x.dtype)
         losses = torch.zeros(len(pieces), device=x.device, dtype=x.dtype)
-
-        def loss_one(params, xs, ys):
-            return F.cross_entropy(functional_call(flat.module, params, (xs.unsqueeze(0),)), ys.unsqueeze(0))
-
-        per_sample = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))
+        layers = _norm_layers(flat.module)
         for i, (xb, yb, _) in enumerate(pieces):
             if len(yb) == 0:
                 continue
-            g, loss = per_sample(flat.as_params(x if x.dim() == 1 else x[i]), xb, yb)
-            G = torch.cat([g[name].reshape(len(yb), -1) for name in flat.names], dim=1)     # [b, d]
-            scale = 1.0 / torch.clamp(torch.linalg.vector_norm(G, dim=1) / clip, min=1.0)
-            sums[i], losses[i] = scale @ G, loss.mean()
+            xi = x if x.dim() == 1 else x[i]
+            clipped = _clipped_by_norms if layers else _clipped_by_vmap
+            sums[i], losses[i] = clipped(flat, xi, xb, yb, clip, layers)
         return sums, losses
 
     def _sequential(self, x, piece):
@@ -292,6 +291,58 @@ class ClientEngine:
         G = torch.cat([g[name].reshape(n, -1) for name in flat.names], dim=1)
         flat.set_buffers(fold_running_stats(flat.module, start, buffers))
         return G, losses.detach()
+
+
+def _norm_layers(module: nn.Module) -> list[nn.Module] | None:
+    """The Linear and Conv2d layers that hold every parameter of ``module``, or None if some parameter
+    lives elsewhere (then per-sample norms cannot be read off layer inputs and output gradients)."""
+    layers = [m for m in module.modules() if isinstance(m, nn.Linear)
+              or (isinstance(m, nn.Conv2d) and m.groups == 1 and m.padding_mode == "zeros")]
+    covered = {id(p) for m in layers for p in m.parameters(recurse=False)}
+    return layers if layers and all(id(p) in covered for p in module.parameters()) else None
+
+
+def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
+    """Clipped per-sample gradient sum of one client from two backward passes. For a Linear layer the
+    per-sample weight gradient is δ_s a_s^T, so its squared norm is ||δ_s||² ||a_s||²; for a Conv2d it is
+    δ_s U_s^T with U_s the unfolded input. The clip factors c_s then weight the losses: ∇ Σ_s c_s ℓ_s."""
+    flat.load(x)
+    inputs, outputs = {}, {}
+
+    def keep(m, args, out):                     # returns None: the forward pass is unchanged
+        inputs[m], outputs[m] = args[0], out
+
+    hooks = [m.register_forward_hook(keep) for m in layers]
+    try:
+        loss = F.cross_entropy(flat.module(xb), yb, reduction="none")
+    finally:
+        for h in hooks:
+            h.remove()
+    deltas = torch.autograd.grad(loss.sum(), [outputs[m] for m in layers], retain_graph=True)
+    sq = torch.zeros(len(yb), device=loss.device, dtype=loss.dtype)
+    for m, delta in zip(layers, deltas, strict=True):
+        a = inputs[m].detach()
+        if isinstance(m, nn.Linear):
+            sq += delta.pow(2).sum(1) * (a.pow(2).sum(1) + (m.bias is not None))
+        else:
+            u = F.unfold(a, m.kernel_size, m.dilation, m.padding, m.stride)                 # [b, in·k·k, L]
+            dl = delta.flatten(2)                                                          # [b, out, L]
+            sq += torch.einsum("bol,bkl->bok", dl, u).pow(2).flatten(1).sum(1)
+            if m.bias is not None:
+                sq += dl.sum(2).pow(2).sum(1)
+    factor = 1.0 / torch.clamp(sq.sqrt() / clip, min=1.0)
+    grads = torch.autograd.grad((factor.detach() * loss).sum(), list(flat.module.parameters()))
+    return torch.cat([g.reshape(-1) for g in grads]), loss.detach().mean()
+
+
+def _clipped_by_vmap(flat: FlatModel, x, xb, yb, clip: float, layers=None):
+    """Clipped per-sample gradient sum of one client, per-sample gradients from vmap over the samples."""
+    def loss_one(params, xs, ys):
+        return F.cross_entropy(functional_call(flat.module, params, (xs.unsqueeze(0),)), ys.unsqueeze(0))
+
+    g, loss = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(flat.as_params(x), xb, yb)
+    G = torch.cat([g[name].reshape(len(yb), -1) for name in flat.names], dim=1)             # [b, d]
+    return (1.0 / torch.clamp(torch.linalg.vector_norm(G, dim=1) / clip, min=1.0)) @ G, loss.mean()
 
 
 def fold_running_stats(module: nn.Module, start: dict, copies: dict) -> dict:

@@ -25,6 +25,8 @@ def test_every_config_composes_and_validates(group, option):
     extra = ["dataset.path=" + __file__] if option == "npz" else []
     if option == "natural":
         extra = ["dataset=npz", "dataset.path=" + __file__]
+    if option in ("dpfl", "ali_dpfl"):
+        extra = ["model=cnn"]                       # DP-SGD refuses the default ResNet20's BatchNorm
     cfg = cfg_with(f"{group}={option}", *extra)
     OmegaConf.to_container(cfg, resolve=True)      # every interpolation resolves
     validate(cfg)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from normfl import engine as engine_module
 from normfl import models
 from normfl.engine import ClientData, ClientEngine, FlatModel, Preprocess, fold_running_stats
 
@@ -136,8 +137,12 @@ def test_full_oracle_with_unequal_shards():
         torch.testing.assert_close(G[i], torch.cat([q.grad.reshape(-1) for q in flat.module.parameters()]))
 
 
-def test_clipped_per_sample_sums_match_a_naive_loop():
-    """DP-SGD's per-sample clipping (vmap over samples) against one backward pass per sample."""
+@pytest.mark.parametrize("path", ["layer norms", "vmap"])
+def test_clipped_per_sample_sums_match_a_naive_loop(path, monkeypatch):
+    """DP-SGD's per-sample clipping (from layer norms, or vmap over samples) against one backward pass
+    per sample."""
+    if path == "vmap":
+        monkeypatch.setattr(engine_module, "_norm_layers", lambda module: None)
     torch.manual_seed(2)
     x_all = torch.randint(0, 256, (60, 1, 28, 28), dtype=torch.uint8)
     y_all = torch.randint(0, 10, (60,))
