@@ -116,3 +116,14 @@ def test_dp_normfedavg_run_logs_bits_full_train_loss_and_privacy(tmp_path, data_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["privacy"]["m"] == 413 and summary["privacy"]["per_message"]["delta_exact"] > 0.4
     assert summary["last5_mean_test_acc"] == pytest.approx(m["test_acc"].tail(4).mean())
+
+
+def test_ali_dpfl_run_logs_tau_and_stops_at_the_privacy_budget(tmp_path, data_root):
+    train(data_root, "experiment=alidpfl_fmnist", "dataset.train_limit=4000", "dataset.test_limit=300",
+          "algo.rc_override=6", "rounds=5", "progress=false", f"hydra.run.dir={tmp_path}")
+    m = pd.read_csv(tmp_path / "metrics.csv")
+    assert m["steps_total"].iloc[-1] == 6 and len(m) - 1 < 5                 # R_c = 6 steps end it before R_s = 5
+    assert list(m["tau"].iloc[1:].cumsum()) == list(m["steps_total"].iloc[1:]) and m["tau"].iloc[1] == 1
+    assert (m["eps_paper"].diff().iloc[1:] > 0).all() and (m["eps_pld"] <= m["eps_paper"]).all()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["privacy"]["R_c"] == 6
