@@ -127,3 +127,12 @@ def test_ali_dpfl_run_logs_tau_and_stops_at_the_privacy_budget(tmp_path, data_ro
     assert (m["eps_paper"].diff().iloc[1:] > 0).all() and (m["eps_pld"] <= m["eps_paper"]).all()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["privacy"]["R_c"] == 6
+
+
+def test_collect_gathers_a_sweep_into_one_table(tmp_path, data_root):
+    from normfl.collect import collect
+
+    train(data_root, *FMNIST, "rounds=2", "algo.beta=0.1,0.2", f"hydra.sweep.dir={tmp_path}", multirun=True)
+    table = collect(tmp_path, keys=("algo.beta", "rounds"))
+    assert sorted(table["algo.beta"]) == [0.1, 0.2] and (table["rounds"] == 2).all()
+    assert (table["status"] == "completed").all() and table["final_test_acc"].between(0, 1).all()
