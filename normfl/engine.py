@@ -323,6 +323,8 @@ def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
     for m, delta in zip(layers, deltas, strict=True):
         a = inputs[m].detach()
         if isinstance(m, nn.Linear):
+            if a.dim() != 2:
+                raise NotImplementedError("per-sample norms need Linear inputs of shape [batch, features]")
             sq += delta.pow(2).sum(1) * (a.pow(2).sum(1) + (m.bias is not None))
         else:
             u = F.unfold(a, m.kernel_size, m.dilation, m.padding, m.stride)                 # [b, in·k·k, L]
