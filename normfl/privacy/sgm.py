@@ -38,6 +38,7 @@ from dp_accounting.pld import privacy_loss_distribution as plds
 ORDERS_PAPER = tuple(range(2, 65))                            # "we select alpha from {2, 3, ..., 64}"
 ORDERS_BISECT = tuple(range(2, 64)) + (128, 256, 512)         # the authors' bisection (spec A.7); same R_c
 METHODS = ("bisect_tol", "exact")
+PLD_MIN_SIGMA = 0.3        # below this noise multiplier eps_pld is not computed (the PLD grows without bound)
 BISECT_MAX_STEPS = 100_000.0      # the bisection's search interval is [0, BISECT_MAX_STEPS]
 BISECT_TOL = 0.01                 # stop once eps(steps_high) - target <= BISECT_TOL
 PLD_INTERVAL = 1e-3               # PLD discretisation (pessimistic: an upper bound on epsilon)
@@ -205,7 +206,9 @@ class ClientAccountant:
             return {"eps_paper": 0.0, "eps_rdp": 0.0, "eps_pld": 0.0}
         acc = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
         acc.compose(self.event(steps))
-        if steps not in self._pld_cache:
+        if self.sigma < PLD_MIN_SIGMA:          # a PLD of almost no noise would not fit in memory
+            self._pld_cache[steps] = None
+        elif steps not in self._pld_cache:
             self._pld_cache[steps] = float(self._pld_one.self_compose(steps).get_epsilon_for_delta(self.delta))
         return {"eps_paper": paper_epsilon(steps, self.q, self.sigma, self.delta),
                 "eps_rdp": float(acc.get_epsilon(self.delta)),
