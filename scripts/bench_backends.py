@@ -3,12 +3,14 @@
     .venv/bin/python scripts/bench_backends.py                      # ResNet20 on CIFAR-10, 10 x 32
     .venv/bin/python scripts/bench_backends.py model=logreg dataset=fashion_mnist clients=100
     .venv/bin/python scripts/bench_backends.py experiment=nfa_t4_qtdl    # 25 of 50 clients, MLP, 256
+    .venv/bin/python scripts/bench_backends.py experiment=alidpfl_fmnist # DP-SGD: per-sample clipping paths
 
 Takes the same overrides as train.py. Times only the clients' gradient computation of one step
 (the algorithm's own vector work and evaluation are excluded), alternating backends so that
 machine noise hits both alike. Algorithms with a cohort (``algo.cohort_size``) time that many
 clients; with local steps (``algo.local_steps`` > 1) each client sits at its own point, as it does
-after its first local step.
+after its first local step. DP-SGD algorithms (``algo.sample_rate``) instead compare the two ways
+of summing clipped per-sample gradients on Poisson batches: from layer norms, and vmap over samples.
 """
 
 import statistics
@@ -21,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from normfl import engine as eng_module  # noqa: E402
 from normfl.engine import ClientData, ClientEngine, FlatModel, Preprocess, pick_device  # noqa: E402
 from normfl.run import build_data  # noqa: E402
 
@@ -37,6 +40,8 @@ def main(overrides, reps=7):
                      device)
     data = ClientData(ds.x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, Preprocess(ds.mean, ds.std, device),
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
+    if cfg.algo.get("sample_rate"):
+        return bench_clipping(cfg, flat, data, reps)
     ids = list(range(cfg.algo.cohort_size)) if cfg.algo.get("cohort_size") else None
     x, engines = flat.vector(), {b: ClientEngine(flat, b) for b in ("sequential", "vmap")}
     own = (cfg.algo.get("local_steps") or 1) > 1
@@ -60,6 +65,30 @@ def main(overrides, reps=7):
     for b, m in med.items():
         print(f"  {b:10s} median {m * 1000:8.1f} ms/step")
     print(f"  ratio vmap/sequential = {med['vmap'] / med['sequential']:.2f}")
+
+
+def bench_clipping(cfg, flat, data, reps):
+    """One DP-SGD step of every client: clipped per-sample gradient sums by both paths, interleaved."""
+    layers, x = eng_module._norm_layers(flat.module), flat.vector()
+    paths = {"layer norms": eng_module._clipped_by_norms, "vmap": eng_module._clipped_by_vmap}
+    if layers is None:
+        print("this model has parameters outside Linear/Conv2d layers: only vmap applies")
+        return
+    times = {p: [] for p in paths}
+    for rep in range(reps + 1):
+        batches = data.poisson_batches(cfg.algo.sample_rate)
+        for name, fn in paths.items():
+            t = time.perf_counter()
+            for xb, yb, _ in batches:
+                fn(flat, x, xb, yb, cfg.algo.clip, layers)
+            if rep:
+                times[name].append(time.perf_counter() - t)
+    med = {p: statistics.median(v) for p, v in times.items()}
+    print(f"{type(flat.module).__name__} d={flat.dim} clients={cfg.clients} DP-SGD q={cfg.algo.sample_rate} "
+          f"threads={torch.get_num_threads()} reps={reps}")
+    for p, m in med.items():
+        print(f"  {p:12s} median {m * 1000:8.1f} ms/step")
+    print(f"  ratio vmap/layer norms = {med['vmap'] / med['layer norms']:.2f}")
 
 
 if __name__ == "__main__":
