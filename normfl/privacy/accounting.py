@@ -29,6 +29,7 @@ from normfl.cache import memo
 RELATIONS = ("add_remove", "replace")
 ACCOUNTANTS = ("rdp", "pld")
 PLD_INTERVAL = 1e-3       # pessimistic discretisation: an upper bound on epsilon, tight to ~1e-4 here
+PLD_MIN_SIGMA = 0.3       # no PLD for a subsampled Gaussian below this noise: it would not fit in memory
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class Ledger:
                 acc.compose(ev)
                 self._orders, self._rdp_one = acc._orders, np.asarray(acc._rdp)   # one round's RDP curve
             q = mech.sampling if mech.sampled else 1.0
+            if q < 1.0 and mech.noise_multiplier < PLD_MIN_SIGMA:
+                return                               # eps_pld is then None
             self._pld_one = plds.from_gaussian_mechanism(
                 mech.noise_multiplier, sampling_prob=q, value_discretization_interval=PLD_INTERVAL,
                 neighboring_relation=mech.relation("pld"))
@@ -105,7 +108,9 @@ class Ledger:
         eps_rdp = None
         if self._rdp_one is not None:
             eps_rdp = float(rdp.rdp_privacy_accountant.compute_epsilon(self._orders, k * self._rdp_one, self.delta)[0])
-        eps_pld = float(self._pld_one.self_compose(k).get_epsilon_for_delta(self.delta))
+        eps_pld = None
+        if self._pld_one is not None:
+            eps_pld = float(self._pld_one.self_compose(k).get_epsilon_for_delta(self.delta))
         return {"rdp": eps_rdp, "pld": eps_pld}
 
 

@@ -32,16 +32,14 @@ from dataclasses import dataclass
 
 import dp_accounting as dpa
 import numpy as np
-from dp_accounting import rdp
-from dp_accounting.pld import privacy_loss_distribution as plds
+
+from normfl.privacy.accounting import Ledger, Mechanism
 
 ORDERS_PAPER = tuple(range(2, 65))                            # "we select alpha from {2, 3, ..., 64}"
 ORDERS_BISECT = tuple(range(2, 64)) + (128, 256, 512)         # the authors' bisection (spec A.7); same R_c
 METHODS = ("bisect_tol", "exact")
-PLD_MIN_SIGMA = 0.3        # below this noise multiplier eps_pld is not computed (the PLD grows without bound)
 BISECT_MAX_STEPS = 100_000.0      # the bisection's search interval is [0, BISECT_MAX_STEPS]
 BISECT_TOL = 0.01                 # stop once eps(steps_high) - target <= BISECT_TOL
-PLD_INTERVAL = 1e-3               # PLD discretisation (pessimistic: an upper bound on epsilon)
 
 
 def _orders(orders: Iterable[int]) -> tuple[int, ...]:
@@ -184,35 +182,24 @@ class ClientAccountant:
         if self.epsilon <= 0:
             raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
 
+    @functools.cached_property
+    def _ledger(self) -> Ledger:
+        """dp-accounting's RDP and PLD for Poisson-subsampled Gaussian steps (``accounting.Ledger``)."""
+        return Ledger(Mechanism(self.sigma, self.q, amplification=True), self.delta)
+
     def event(self, steps: int) -> dpa.DpEvent:
         """``steps`` DP-SGD steps as a dp-accounting event."""
-        return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(self.q, dpa.GaussianDpEvent(self.sigma)), steps)
+        return self._ledger.mech.event(steps, "rdp")
 
-    @functools.cached_property
-    def _pld_one(self) -> plds.PrivacyLossDistribution:
-        return plds.from_gaussian_mechanism(self.sigma, sampling_prob=self.q,
-                                            value_discretization_interval=PLD_INTERVAL)
-
-    @functools.cached_property
-    def _pld_cache(self) -> dict[int, float]:
-        return {}
-
-    def spent(self, steps: int) -> dict[str, float]:
-        """Epsilon after ``steps`` steps: the paper's accountant, dp-accounting RDP and PLD (add/remove-one)."""
+    def spent(self, steps: int) -> dict[str, float | None]:
+        """Epsilon after ``steps`` steps: the paper's accountant, dp-accounting RDP and PLD (add/remove-one;
+        no PLD below ``accounting.PLD_MIN_SIGMA``)."""
         steps = int(steps)
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
-        if steps == 0:
-            return {"eps_paper": 0.0, "eps_rdp": 0.0, "eps_pld": 0.0}
-        acc = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        acc.compose(self.event(steps))
-        if self.sigma < PLD_MIN_SIGMA:          # a PLD of almost no noise would not fit in memory
-            self._pld_cache[steps] = None
-        elif steps not in self._pld_cache:
-            self._pld_cache[steps] = float(self._pld_one.self_compose(steps).get_epsilon_for_delta(self.delta))
+        tight = self._ledger.spent(steps)
         return {"eps_paper": paper_epsilon(steps, self.q, self.sigma, self.delta),
-                "eps_rdp": float(acc.get_epsilon(self.delta)),
-                "eps_pld": self._pld_cache[steps]}
+                "eps_rdp": tight["rdp"], "eps_pld": tight["pld"]}
 
     def budget_steps(self, method: str = "bisect_tol") -> int:
         """R_c under the paper's conversion (see ``iterations_supported``)."""
