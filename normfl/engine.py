@@ -150,7 +150,7 @@ class ClientData:
     def next_batches(self, ids=None) -> list[list[tuple[torch.Tensor, torch.Tensor, float]]]:
         """Per client (all, or those in ``ids``), the list of (x, y, weight) pieces whose weighted
         gradients sum to its oracle. Only these clients' batch streams advance."""
-        ids = range(len(self)) if ids is None else [int(i) for i in ids]
+        ids = self._ids(ids)
         if self.oracle == "minibatch":
             return [[self._minibatch(i)] for i in ids]
         if "full" not in self._fixed:          # deterministic: prepared once, reused every round
@@ -161,9 +161,11 @@ class ClientData:
     def poisson_batches(self, rate: float, ids=None) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
         """Per client (all, or those in ``ids``), one Poisson sample of its shard: every sample is taken
         independently with probability ``rate`` (DP-SGD's sampling), so sizes vary and can be 0."""
-        ids = range(len(self)) if ids is None else [int(i) for i in ids]
         return [self._piece(self.parts[i][torch.from_numpy(self.rngs[i].random(len(self.parts[i])) < rate)])
-                for i in ids]
+                for i in self._ids(ids)]
+
+    def _ids(self, ids) -> list[int]:
+        return list(range(len(self))) if ids is None else [int(i) for i in ids]
 
     def peek(self):
         """The batches the next ``next_batches()`` will return, without consuming them."""
@@ -224,6 +226,7 @@ class ClientEngine:
 
     def __init__(self, flat: FlatModel, backend: str = "sequential"):
         self.flat, self.backend = flat, backend
+        self.norm_layers = _norm_layers(flat.module)       # per-sample norms from layers, or None: vmap
 
     def grads(self, x: torch.Tensor, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[d]`` (every client at the same point) or ``[n, d]``; returns ``([n, d], [n])``."""
@@ -253,13 +256,11 @@ class ClientEngine:
         flat = self.flat
         sums = torch.zeros(len(pieces), flat.dim, device=x.device, dtype=x.dtype)
         losses = torch.zeros(len(pieces), device=x.device, dtype=x.dtype)
-        layers = _norm_layers(flat.module)
+        clipped = _clipped_by_norms if self.norm_layers else _clipped_by_vmap
         for i, (xb, yb, _) in enumerate(pieces):
             if len(yb) == 0:
                 continue
-            xi = x if x.dim() == 1 else x[i]
-            clipped = _clipped_by_norms if layers else _clipped_by_vmap
-            sums[i], losses[i] = clipped(flat, xi, xb, yb, clip, layers)
+            sums[i], losses[i] = clipped(flat, x if x.dim() == 1 else x[i], xb, yb, clip, self.norm_layers)
         return sums, losses
 
     def _sequential(self, x, piece):

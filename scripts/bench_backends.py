@@ -48,47 +48,52 @@ def main(overrides, reps=7):
     if own:                                            # one point per client
         n = len(ids) if ids else cfg.clients
         x = x + 1e-3 * torch.randn(n, flat.dim, generator=torch.Generator().manual_seed(0)).to(device)
-    times = {b: [] for b in engines}
-    for rep in range(reps + 1):
-        batches = data.next_batches(ids)
-        for name, eng in engines.items():
-            t = time.perf_counter()
-            eng.grads(x, batches)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if rep:                                    # rep 0 is warm-up
-                times[name].append(time.perf_counter() - t)
-    med = {b: statistics.median(v) for b, v in times.items()}
-    print(f"{type(flat.module).__name__} d={flat.dim} clients={len(batches)} of {cfg.clients} batch={cfg.batch_size} "
-          f"points={'per-client' if own else 'shared'} oracle={cfg.oracle} device={device} "
+    med = interleaved({b: (lambda batches, e=eng: e.grads(x, batches)) for b, eng in engines.items()},
+                      lambda: data.next_batches(ids), reps, device)
+    print(f"{type(flat.module).__name__} d={flat.dim} clients={len(ids) if ids else cfg.clients} of {cfg.clients} "
+          f"batch={cfg.batch_size} points={'per-client' if own else 'shared'} oracle={cfg.oracle} device={device} "
           f"threads={torch.get_num_threads()} reps={reps}")
-    for b, m in med.items():
-        print(f"  {b:10s} median {m * 1000:8.1f} ms/step")
-    print(f"  ratio vmap/sequential = {med['vmap'] / med['sequential']:.2f}")
+    report(med, "vmap", "sequential")
 
 
 def bench_clipping(cfg, flat, data, reps):
     """One DP-SGD step of every client: clipped per-sample gradient sums by both paths, interleaved."""
-    layers, x = eng_module._norm_layers(flat.module), flat.vector()
-    paths = {"layer norms": eng_module._clipped_by_norms, "vmap": eng_module._clipped_by_vmap}
-    if layers is None:
+    x, engine = flat.vector(), ClientEngine(flat)
+    if engine.norm_layers is None:
         print("this model has parameters outside Linear/Conv2d layers: only vmap applies")
         return
-    times = {p: [] for p in paths}
-    for rep in range(reps + 1):
-        batches = data.poisson_batches(cfg.algo.sample_rate)
-        for name, fn in paths.items():
-            t = time.perf_counter()
-            for xb, yb, _ in batches:
-                fn(flat, x, xb, yb, cfg.algo.clip, layers)
-            if rep:
-                times[name].append(time.perf_counter() - t)
-    med = {p: statistics.median(v) for p, v in times.items()}
+    paths = {"layer norms": eng_module._clipped_by_norms, "vmap": eng_module._clipped_by_vmap}
+
+    def step(fn):
+        return lambda batches: [fn(flat, x, xb, yb, cfg.algo.clip, engine.norm_layers) for xb, yb, _ in batches]
+
+    med = interleaved({p: step(fn) for p, fn in paths.items()},
+                      lambda: data.poisson_batches(cfg.algo.sample_rate), reps, flat.device)
     print(f"{type(flat.module).__name__} d={flat.dim} clients={cfg.clients} DP-SGD q={cfg.algo.sample_rate} "
           f"threads={torch.get_num_threads()} reps={reps}")
-    for p, m in med.items():
-        print(f"  {p:12s} median {m * 1000:8.1f} ms/step")
-    print(f"  ratio vmap/layer norms = {med['vmap'] / med['layer norms']:.2f}")
+    report(med, "vmap", "layer norms")
+
+
+def interleaved(variants: dict, draw, reps: int, device) -> dict[str, float]:
+    """Median seconds of each variant on the same fresh input per repetition (the first is warm-up),
+    variants taking turns so that machine drift hits all alike."""
+    times = {name: [] for name in variants}
+    for rep in range(reps + 1):
+        batches = draw()
+        for name, fn in variants.items():
+            t = time.perf_counter()
+            fn(batches)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if rep:
+                times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def report(med: dict[str, float], num: str, den: str) -> None:
+    for name, m in med.items():
+        print(f"  {name:12s} median {m * 1000:8.1f} ms/step")
+    print(f"  ratio {num}/{den} = {med[num] / med[den]:.2f}")
 
 
 if __name__ == "__main__":
