@@ -17,8 +17,8 @@ class Quadratic:
         self.centers, self.noise = centers, noise
         self.gen = torch.Generator().manual_seed(seed)
 
-    def grads(self, x, batches=None):
-        G = x - self.centers
+    def grads(self, x, batches=None, ids=None):
+        G = x - (self.centers if ids is None else self.centers[ids])
         if self.noise:                                      # stochastic: fresh every call
             G = G + self.noise * torch.randn(G.shape, generator=self.gen, dtype=G.dtype)
         return G, 0.5 * (G ** 2).sum(1)

@@ -11,19 +11,8 @@ from normfl.algorithms.local import local_sgd
 from normfl.config import ConfigError, validate
 from normfl.ops import cohort
 from normfl.privacy import Privacy
+from tests.test_algorithms import Quadratic
 from tests.test_config import cfg_with
-
-
-class Quadratic:
-    """Clients with f_i(w) = ½ ||w - b_i||² (exact gradients, any subset of clients)."""
-
-    def __init__(self, centers):
-        self.centers = centers
-
-    def grads(self, x, batches=None, ids=None):
-        b = self.centers if ids is None else self.centers[ids]
-        G = x - b
-        return G, 0.5 * (G ** 2).sum(1)
 
 
 def nfa(**kw):
