@@ -79,8 +79,8 @@ class NormFedAvg(Algorithm):
         self.local = {"steps": int(local_steps), "momentum": float(momentum), "weight_decay": float(weight_decay)}
         self.r, self.upload, self.clip_at = cohort_size, upload, float(clip)
         self.mechanism, self.s, self.scope = mechanism, int(s), scope
-        self.sensitivity, self.mu, self.noise_at = sensitivity, float(mu), noise_at
-        self.noise_by = noise_at
+        self.sensitivity, self.mu = sensitivity, float(mu)
+        self.noise_by = noise_at                   # 'client' or 'server' (the base class's name for it)
         self.mech = None
 
     # -- schedules -------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ class NormFedAvg(Algorithm):
         if self.mechanism == "none":
             return
         d = x0.numel()
-        scale = 1.0 / self.r if self.noise_at == "server" else 1.0
+        scale = 1.0 / self.r if self.noise_by == "server" else 1.0
         self.sens = (heuristic_sensitivity(d, self.s, self.mu, scale) if self.sensitivity == "heuristic"
                      else worst_case_sensitivity(d, self.s, scale))
         if self.scope == "per_round":
@@ -119,11 +119,13 @@ class NormFedAvg(Algorithm):
                 alpha, m = qtdl_parameters(self.eps_msg, self.sens)
             except ValueError as err:
                 raise ConfigError("privacy.epsilon", privacy.epsilon, str(err)) from None
-            self.mech, self.delta_msg = QTDL(self.s, m, alpha), f"2^-{d}"
+            self.mech, self.delta_msg = QTDL(self.s, m, alpha), 2.0 ** -d    # Theorem 1 (0.0 in floats)
+            self.delta_label = f"2^-{d}"
             self.delta_exact = tdl_delta(m, alpha, self.sens, d)       # what the mechanism really gives
         else:
             trials = binomial_trials(self.eps_msg, privacy.delta, d, self.sens)
             self.mech, self.delta_msg = Binomial(self.s, trials), privacy.delta
+            self.delta_label = privacy.delta
             self.delta_exact = None
         self.bits_per_coord = self.mech.bits
 
@@ -142,7 +144,7 @@ class NormFedAvg(Algorithm):
         gen = round_generator(self.seed, 0, k, x.device)
         if self.mech is None:
             g = u.mean(0)
-        elif self.noise_at == "client":
+        elif self.noise_by == "client":
             g = self.mech(u, gen).mean(0)                                                # 9: g_i = M(u_i)
         else:                                                                            # App. G(iii)
             g = self.mech.quantize(u, gen).mean(0) + self.mech.noise(x.shape, gen, x.device, x.dtype)
@@ -155,8 +157,7 @@ class NormFedAvg(Algorithm):
 
     def composed(self, k: int) -> tuple[float, float]:
         """(ε, δ) of one client's messages over k rounds (it may take part in every one)."""
-        delta0 = 0.0 if isinstance(self.delta_msg, str) else self.delta_msg      # 2^-d underflows anyway
-        return composed(self.eps_msg, delta0, k, self.privacy.delta, self.p)
+        return composed(self.eps_msg, self.delta_msg, k, self.privacy.delta, self.p)
 
     def spent(self, k: int) -> dict[str, float]:
         return {"eps_composed": self.composed(k)[0]}
@@ -166,14 +167,14 @@ class NormFedAvg(Algorithm):
         sens = (f"heuristic: NFA eq. 6 with mu={self.mu:g}, not a worst-case bound"
                 if self.sensitivity == "heuristic" else "worst case: Definition 1's trivial bounds")
         who = ("each client privatizes its own message; the server sees every message"
-               if self.noise_at == "client" else "a trusted aggregator adds one draw to the average of the "
+               if self.noise_by == "client" else "a trusted aggregator adds one draw to the average of the "
                "clients' quantized messages (aggregate-level privacy)")
         return {
             "mechanism": self.mechanism, "scope": self.scope, "s": self.s,
             "m": getattr(self.mech, "m", None), "alpha": getattr(self.mech, "alpha", None),
             "trials": getattr(self.mech, "trials", None), "bits_per_coord": self.mech.bits,
             "sensitivity": {"l1": self.sens.l1, "linf": self.sens.linf, "l2": self.sens.l2, "kind": sens},
-            "per_message": {"epsilon": self.eps_msg, "delta": self.delta_msg, "delta_exact": self.delta_exact},
+            "per_message": {"epsilon": self.eps_msg, "delta": self.delta_label, "delta_exact": self.delta_exact},
             "target_epsilon": self.privacy.epsilon, "delta": self.privacy.delta,
             "epsilon_composed": eps, "delta_composed": delta, "sampling_rate": self.p,
             "assumptions": f"one sample of a client's data is the privacy unit; {who}; rounds compose by "
