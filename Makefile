@@ -4,8 +4,17 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+# Paper figures and tables (see REPRODUCTION.md): make <id> [profile=paper|quick] [parallel=N]
+profile  ?= paper
+parallel ?= 1
+IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
+       normec-f8 normec-f9 normec-t2 normec-f10 normec-f11 normec-f12 normec-f13 \
+       fednormec-f1 fednormec-f2 fednormec-f3 fednormec-f4 fednormec-f5 alidpfl-t2 alidpfl-t3 \
+       alidpfl-t4 alidpfl-f1 alidpfl-f6 normfedavg-t2 normfedavg-f1 normfedavg-t3 normfedavg-f2 \
+       normfedavg-t4 normfedavg-f3 normfedavg-t5 normfedavg-f4 normfedavg-t6 normfedavg-f5
+REPRODUCE := $(BIN)/python -m normfl.reproduce
 
-.PHONY: install run test lint bench privacy-table clean
+.PHONY: install run test lint bench privacy-table clean figures report all-figures $(IDS)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +38,19 @@ bench: $(STAMP)            ## per-round client time of each backend (ratios), de
 
 privacy-table: $(STAMP)    ## regenerate docs/privacy.md from dp-accounting
 	$(BIN)/python scripts/privacy_table.py > docs/privacy.md.tmp && mv docs/privacy.md.tmp docs/privacy.md
+
+$(IDS): $(STAMP)           ## train the missing runs of one figure/table's grid, then draw it
+	$(REPRODUCE) run $@ --profile $(profile) --parallel $(parallel) $(ARGS)
+
+all-figures: $(STAMP)      ## every figure/table's grid (long: see REPRODUCTION.md for times)
+	$(REPRODUCE) run $(IDS) --profile $(profile) --parallel $(parallel) $(ARGS)
+
+figures: $(STAMP)          ## redraw every figure/table of both profiles from stored runs, no training
+	$(REPRODUCE) figures --profile paper
+	$(REPRODUCE) figures --profile quick
+
+report: $(STAMP)           ## write REPRODUCTION.md from stored runs
+	$(REPRODUCE) report
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache

@@ -20,6 +20,8 @@ from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
+PROFILES = ("paper", "quick", "custom")   # how a run came about: a figure's grid (make <id>), or by hand
+
 
 def _get(cfg: DictConfig, key: str):
     node = cfg
@@ -56,6 +58,7 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "threads", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
     _choice(cfg, "eval_train", (True, False), optional=False)
+    _choice(cfg, "profile", PROFILES, optional=False)
     _choice(cfg, "oracle", ORACLES, optional=False)
     _choice(cfg, "backend", BACKENDS, optional=False)
     _choice(cfg, "device.name", ("auto", "cpu", "cuda", "mps"), optional=False)

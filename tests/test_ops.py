@@ -67,3 +67,22 @@ def test_paper_noise_multiplier_matches_spec_table():
     # std on an upload bounded by 1 whose server weight is β: σ_mult (default) or β σ_mult (alt B)
     assert pn.upload_std(1.0, 0.01, 300) == pytest.approx(7.3462, abs=1e-4)
     assert Privacy(noise_on="raw_delta").upload_std(1.0, 0.01, 300) == pytest.approx(0.073462, abs=1e-6)
+
+
+def test_appc_ef21_memory_recursion():
+    """NORMEC-APPC: the single-node memory g^{k+1} = g^k + Ψ(g* - g^k). Clipping reaches g* after
+    ceil(||g^0 - g*|| / τ) steps; β·Norm_α shrinks the error by (1 - β/(α + ||g* - g^k||)) per step."""
+    g_star, g0 = torch.tensor([[3.0, 4.0]], dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+    g, tau = g0.clone(), 0.7
+    for k in range(1, 9):                         # ||g0 - g*|| = 5, so ceil(5 / 0.7) = 8 steps
+        g = g + clip(g_star - g, tau)
+        expected = max(0.0, 5.0 - k * tau)
+        assert abs(row_norms(g_star - g).item() - expected) < 1e-12
+    assert torch.allclose(g, g_star)
+    g, alpha, beta, err2 = g0.clone(), 1.0, 0.5, 25.0
+    for _ in range(200):
+        gap = row_norms(g_star - g).item()
+        err2 *= (1 - beta / (alpha + gap)) ** 2
+        g = g + beta * norm_alpha(g_star - g, alpha)
+        assert abs(row_norms(g_star - g).item() ** 2 - err2) < 1e-9
+    assert err2 < 1e-6                            # β/α < 1: g^k → g*

@@ -1,0 +1,95 @@
+"""Reproduce the papers' figures and tables: ``python -m normfl.reproduce <command> ...``.
+
+    run IDS...      train the missing runs of each ID's grid, then draw its figure/table
+    figures [IDS]   draw figures/tables from stored runs only (all IDs by default)
+    report          write REPRODUCTION.md from stored runs
+    list            the IDs, their experiment files and grid sizes
+    adopt DIRS...   copy finished hand-made runs into the store when a grid needs them
+
+IDs are written as in the specs or as make targets (NORMEC-T2 = normec-t2 = normec_t2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from normfl.reproduce import store
+
+DEFAULT_STORE = store.ROOT / "outputs" / "store"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=("run", "figures", "report", "list", "adopt"))
+    ap.add_argument("names", nargs="*", help="IDs (run, figures) or run folders (adopt)")
+    ap.add_argument("--profile", default="paper", choices=store.PROFILES)
+    ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / parallel)")
+    ap.add_argument("--match", default=None, help="only the runs whose train.py command contains this text")
+    ap.add_argument("--retry-failed", action="store_true", help="also re-run runs stored as failed")
+    ap.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
+    ap.add_argument("--store", type=Path, default=DEFAULT_STORE)
+    args = ap.parse_args(argv)
+
+    from normfl.reproduce import targets
+
+    if args.command == "adopt":
+        return adopt(args.names, args.profile, args.store)
+    if args.command == "list":
+        for t in targets.TARGETS.values():
+            sizes = [len(store.grid_points(t.experiment, p)) for p in store.PROFILES]
+            print(f"{t.id:14s} {t.experiment}.yaml, grid points: paper {sizes[0]}, quick {sizes[1]}; {t.title}")
+        return None
+    chosen = [targets.get(n) for n in args.names] or list(targets.TARGETS.values())
+    if args.command == "run":
+        for t in chosen:
+            job_list = [j for j in store.jobs(t.experiment, args.profile)
+                        if args.match is None or args.match in j.command()]
+            print(f"{t.id} ({args.profile}):")
+            if args.dry_run:
+                for j in job_list:
+                    print(f"  {store.status(j.dir(args.store)):9s} {j.key}  {j.command()}")
+                continue
+            store.run_missing(job_list, args.store, args.parallel, args.threads, args.retry_failed)
+    if args.command in ("run", "figures") and not args.dry_run:
+        from normfl.reproduce import figures
+
+        for t in chosen:
+            for path in figures.draw(t, args.profile, args.store):
+                print(f"  wrote {path.relative_to(store.ROOT)}")
+    if args.command == "report":
+        from normfl.reproduce import report
+
+        path = report.write(args.store)
+        print(f"wrote {path.relative_to(store.ROOT)}")
+    return None
+
+
+def adopt(dirs: list[str], profile: str, store_dir: Path) -> None:
+    """Copy finished runs made by hand into the store under the key their config has with
+    ``profile`` set, so a grid that needs exactly that run does not train it again."""
+    for d in map(Path, dirs):
+        cfg_file = d / ".hydra" / "config.yaml"
+        if store.status(d) not in store.FINISHED or not cfg_file.is_file():
+            print(f"skipped {d}: not a finished run")
+            continue
+        cfg = OmegaConf.load(cfg_file)
+        cfg.profile = profile
+        target = store_dir / store.config_key(cfg)
+        if target.exists():
+            print(f"skipped {d}: the store already has {target.name}")
+            continue
+        shutil.copytree(d, target)
+        OmegaConf.save(cfg, target / ".hydra" / "config.yaml")
+        summary = json.loads((target / "summary.json").read_text())
+        (target / "summary.json").write_text(json.dumps({**summary, "adopted_from": str(d)}, indent=2) + "\n")
+        print(f"adopted {d} as {target.name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""Draw a figure or table from stored runs, in the paper's layout, beside the paper's numbers.
+
+Each ID gets ``docs/reproduction/<profile>/<id>.{png,pdf}`` (figures) and/or ``.md`` / ``.csv``
+(tables and the cells of heatmaps). Every table has the columns ours | paper | diff where the paper
+prints a number, and a caption line with the data source and the profile. ``compare`` returns the
+same comparison rows for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from normfl.reproduce import store  # noqa: E402
+from normfl.reproduce.paper import paper_numbers  # noqa: E402
+
+OUT = store.ROOT / "docs" / "reproduction"
+COLORS = {0.001: "tab:blue", 0.01: "tab:orange", 0.1: "tab:green", 1.0: "tab:red", 10.0: "tab:purple"}
+DATASETS = {"load_cifar10": "cifar10", "load_fashion_mnist": "fashion_mnist"}
+
+
+# ---------------------------------------------------------------- the runs of an ID, as a table
+def method(cfg) -> str:
+    """The paper's name for what a run runs (the ``row``/``block`` keys of paper_numbers.csv)."""
+    a = cfg.algo
+    name = a.name
+    if name in ("normec", "dp_normec"):
+        return "normec_sn" if a.server_norm else "normec_no_sn"
+    if name in ("clip21", "dp_clip21"):
+        return "clip21"
+    if name == "dp_fed_normec":
+        return "fed_normec"
+    if name == "dp_fedavg":
+        return "fedavg"
+    if "adaptive" in a:
+        return "ali_dpfl" if a.adaptive else f"tau={a.tau}"
+    if "mechanism" in a:
+        if a.upload == "update":
+            return "fedavg"
+        if a.upload == "clip":
+            return f"clip_C={float(a.clip)!r}"
+        if a.mechanism == "none":
+            return "normfedavg"
+        power = f"2^{int(round(math.log2(a.s)))}"
+        if a.mechanism == "binomial":
+            return f"bin_s={power}"
+        return "dp_normfedavg" if a.scope == "all_rounds" else f"qtdl_s={power}"
+    return name
+
+
+def runs(target, profile: str, store_dir: Path) -> pd.DataFrame:
+    """One row per run of the ID's grid: its settings, status and summary numbers (in %)."""
+    rows = []
+    for job in store.jobs(target.experiment, profile):
+        cfg, d = job.cfg, job.dir(store_dir)
+        sel = lambda key, cfg=cfg: OmegaConf.select(cfg, key, default=None)  # noqa: E731
+        row = {"key": job.key, "dir": d, "status": store.status(d), "command": job.command(),
+               "method": method(cfg), "dataset": DATASETS.get(cfg.dataset._target_.rsplit(".", 1)[1]),
+               "alpha": sel("algo.alpha"), "beta": sel("algo.beta"), "gamma": sel("algo.gamma"),
+               "p": cfg.p, "seed": cfg.seed, "epsilon": cfg.privacy.epsilon, "rounds": cfg.rounds,
+               "tau": sel("algo.tau")}
+        if row["status"] in store.FINISHED:
+            s = json.loads((d / "summary.json").read_text())
+            pct = lambda v: None if v is None else 100 * v  # noqa: E731
+            row.update(final_acc=pct(s.get("final_test_acc")), best_acc=pct(s.get("best_test_acc")),
+                       last5_err=None if s.get("last5_mean_test_acc") is None else 100 - pct(s["last5_mean_test_acc"]),
+                       final_loss=s.get("final_train_loss"), bits=s.get("bits_per_coord"), data=s.get("data"),
+                       wall=s.get("wall_time_s"), final_round=s.get("final_round"),
+                       min_loss=curve(d).train_loss.min())
+            if row["status"] == "diverged":       # excluded from every argmax, drawn up to divergence
+                row["final_acc"] = row["best_acc"] = None
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    return df.drop_duplicates("key").reset_index(drop=True)
+
+
+def curve(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(Path(run_dir) / "metrics.csv")
+
+
+def caption(df: pd.DataFrame, profile: str) -> str:
+    done = df[df.status.isin(store.FINISHED)]
+    data = ", ".join(sorted(set(done["data"].dropna()))) if "data" in done else ""
+    return (f"profile **{profile}**; {len(done)} of {len(df)} runs stored"
+            f"{', ' + str((df.status == 'diverged').sum()) + ' diverged' if (df.status == 'diverged').any() else ''}; "
+            f"data: {data or 'none yet'}")
+
+
+# ---------------------------------------------------------------- selection rules (spec normec.md §5.4)
+def tuned(df: pd.DataFrame, by: list[str], score: str = "final_acc", lower: bool = False) -> pd.DataFrame:
+    """For each group of ``by``, the run with the best ``score`` (the papers' "tuned γ")."""
+    ok = df.dropna(subset=[score])
+    if ok.empty:
+        return ok
+    idx = ok.groupby(by, dropna=False)[score].idxmin() if lower else ok.groupby(by, dropna=False)[score].idxmax()
+    return ok.loc[idx.values].sort_values(by)
+
+
+# ---------------------------------------------------------------- writers
+def _paper(target_id: str) -> pd.DataFrame:
+    p = paper_numbers()
+    return p[p.id == target_id]
+
+
+def _write_table(table: pd.DataFrame, path: Path, title: str, note: str) -> list[Path]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(path.with_suffix(".csv"), index=False)
+    md = [f"# {title}", "", note, "", _markdown(table), ""]
+    path.with_suffix(".md").write_text("\n".join(md))
+    return [path.with_suffix(".md"), path.with_suffix(".csv")]
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    def cell(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "–"
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def _save(fig, path: Path, title: str, note: str) -> list[Path]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.suptitle(f"{title}\n{note.replace('**', '')}", fontsize=8)
+    fig.tight_layout()
+    out = [path.with_suffix(".png"), path.with_suffix(".pdf")]
+    for p in out:
+        fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _comparison(rows: list[tuple[str, float | None, float | None]]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=["what", "ours", "paper"])
+    df["diff"] = df.ours - df.paper
+    return df
+
+
+# ---------------------------------------------------------------- the kinds of figures and tables
+def best_table(target, df, profile):
+    """NORMEC-T2 / F8 / F11: per method and β, the γ with the best final accuracy, and that accuracy."""
+    best = tuned(df, ["method", "beta"])
+    paper = _paper(target.id)
+    rows = []
+    for r in best.itertuples():
+        def pv(column, r=r):
+            hit = paper[(paper.block == r.method) & (paper.row == f"beta={float(r.beta)!r}") & (paper.column == column)]
+            return float(hit.value.iloc[0]) if len(hit) else None
+        rows.append({"method": r.method, "beta": r.beta, "gamma (ours)": r.gamma, "gamma (paper)": pv("gamma"),
+                     "final acc % (ours)": r.final_acc, "paper": pv("final_accuracy"),
+                     "diff": None if pv("final_accuracy") is None else r.final_acc - pv("final_accuracy")})
+    table = pd.DataFrame(rows)
+    comp = _comparison([(f"{r['method']} β={r['beta']} final acc", r["final acc % (ours)"], r["paper"]) for r in rows])
+    return table, comp, None
+
+
+def heatmap(target, df, profile):
+    """Highest test accuracy over a 2-D grid (rows ``target.draw['rows']``, columns ``['cols']``),
+    one panel per method, max over every other swept value (γ for NORMEC-F2)."""
+    rows_key, cols_key = target.draw.get("rows", "beta"), target.draw.get("cols", "gamma")
+    value = target.draw.get("value", "best_acc")
+    methods = [m for m in target.draw.get("methods", sorted(df.method.unique())) if m in set(df.method)]
+    panels = target.draw.get("panels") or [(m, m, value, "max") for m in methods]   # (title, method, value, agg)
+    grids = {title: df[df.method == m].pivot_table(index=rows_key, columns=cols_key, values=v, aggfunc=agg)
+             for title, m, v, agg in panels if m in set(df.method)}
+    if target.draw.get("difference") and len(grids) == 2:
+        a, b = grids
+        grids[f"{a} − {b}"] = grids[a] - grids[b]
+    fig, axes = plt.subplots(1, len(grids), figsize=(4.2 * len(grids), 3.6), squeeze=False)
+    for ax, (name, g) in zip(axes[0], grids.items(), strict=True):
+        im = ax.imshow(g.values, cmap="viridis" if "−" not in name else "coolwarm", aspect="auto")
+        ax.set_xticks(range(len(g.columns)), [f"{c:g}" for c in g.columns])
+        ax.set_yticks(range(len(g.index)), [f"{i:g}" for i in g.index])
+        ax.set_xlabel(cols_key), ax.set_ylabel(rows_key), ax.set_title(name, fontsize=9)
+        for (i, j), v in pd.DataFrame(g.values).stack().items():
+            ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7, color="w")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    paper = _paper(target.id)
+    cells, comp = [], []
+    for name, g in grids.items():
+        for r in g.index:
+            for c in g.columns:
+                hit = paper[(paper.row == f"{rows_key}={float(r)!r}") & (paper.column == f"{cols_key}={float(c)!r}")
+                            & (paper.metric == "highest_test_accuracy_pct")]
+                pv = float(hit.value.iloc[0]) if len(hit) else None
+                cells.append({"panel": name, rows_key: r, cols_key: c, "ours": g.loc[r, c], "paper": pv,
+                              "diff": None if pv is None else g.loc[r, c] - pv})
+                if pv is not None:
+                    comp.append((f"{name} {rows_key}={r:g} {cols_key}={c:g}", g.loc[r, c], pv))
+    for m in (m for m in methods if m in grids):     # the peaks the text states (NORMEC-F4: 77.56 / 72.21)
+        hit = paper[(paper.block == {"normec_sn": "with_sn", "normec_no_sn": "no_sn"}.get(m, m))
+                    & (paper.row == f"{rows_key}=all") & (paper.metric == "highest_test_accuracy_pct")]
+        if len(hit):
+            comp.insert(0, (f"{m} peak", grids[m].values.max(), float(hit.value.iloc[0])))
+    return pd.DataFrame(cells), _comparison(comp), fig
+
+
+def curves(target, df, profile):
+    """Training loss and test accuracy against rounds: one line per (method, β[, α, p]) with γ tuned
+    by final accuracy; colour = β, line style = the other key (``draw['style']``)."""
+    style_key = target.draw.get("style", "method")
+    by = [k for k in ("method", "beta", "alpha", "p")
+          if k == style_key or k in target.draw.get("by", ("method", "beta"))]
+    best = tuned(df, by)
+    styles = {v: ("-", "--", ":", "-.")[i % 4] for i, v in enumerate(sorted(best[style_key].astype(str).unique()))}
+    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in best.itertuples():
+        m = curve(r.dir)
+        label = f"{style_key}={getattr(r, style_key)}, β={r.beta:g}, γ={r.gamma:g}"
+        kw = dict(color=COLORS.get(float(r.beta), "k"), ls=styles[str(getattr(r, style_key))], label=label, lw=1.2)
+        loss = m.dropna(subset=["train_loss"])
+        ax_l.plot(loss["round"], loss.train_loss, **kw)
+        acc = m.dropna(subset=["test_acc"])
+        ax_a.plot(acc["round"], 100 * acc.test_acc, **kw)
+    ax_l.set_yscale("log"), ax_l.set_xlabel("communication round"), ax_l.set_ylabel("training loss")
+    ax_a.set_xlabel("communication round"), ax_a.set_ylabel("test accuracy (%)")
+    ax_a.legend(fontsize=6, ncol=2)
+    table = best[[*by, "gamma", "final_acc", "best_acc", "final_loss"]].rename(
+        columns={"gamma": "tuned gamma", "final_acc": "final acc %", "best_acc": "best acc %"})
+    return table, _comparison(_claims(target, best)), fig
+
+
+def _claims(target, best) -> list:
+    """Numbers the text states for curve figures (FEDNORMEC-F1's ~70% at p = 1, β = 0.01, ...)."""
+    out = []
+    for p in _paper(target.id).itertuples():
+        if p.metric.startswith("test_accuracy_pct") and p.row.startswith("beta="):
+            hit = best[(best.beta.astype(float) == float(p.row[5:])) & (best.p.astype(float) == float(p.block[2:]))]
+            if len(hit):
+                out.append((f"{p.block} {p.row} {p.metric}", hit.best_acc.iloc[0], p.value))
+    return out
+
+
+def seeds_table(target, df, profile):
+    """NFA Tables 2-6: per column, bits per coordinate and the last-5 test error, mean ± std over
+    seeds, beside the paper's; the figure draws the seed-mean curves of training loss and test error."""
+    paper = _paper(target.id)
+    g = df.dropna(subset=["last5_err"]).groupby(["dataset", "method"], sort=False)
+    rows, comp = [], []
+    for (ds, m), runs_ in g:
+        def pv(column, metric="value", ds=ds, m=m):
+            hit = paper[(paper.dataset == ds) & (paper.row == m) & (paper.column == column)]
+            return float(hit[metric].iloc[0]) if len(hit) else None
+        err, sd = runs_.last5_err.mean(), runs_.last5_err.std() if len(runs_) > 1 else float("nan")
+        rows.append({"dataset": ds, "column": m, "seeds": len(runs_), "t (ours)": runs_.bits.iloc[0],
+                     "t (paper)": pv("t"), "last-5 test error % (ours)": err, "± (ours)": sd,
+                     "paper": pv("test_error_last5"), "± (paper)": pv("test_error_last5", "std"),
+                     "diff": None if pv("test_error_last5") is None else err - pv("test_error_last5")})
+        comp.append((f"{ds} {m} last-5 test error", err, pv("test_error_last5")))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for (ds, m), runs_ in df[df.status == "completed"].groupby(["dataset", "method"], sort=False):
+        ms = pd.concat([curve(d).assign(run=i) for i, d in enumerate(runs_.dir)])
+        mean = ms.groupby("round").mean(numeric_only=True)
+        full = mean.get("full_train_loss", pd.Series(dtype=float)).dropna()
+        loss = full if len(full) else mean.train_loss.dropna()           # the whole training set when logged
+        axes[0].plot(loss.index, loss, label=f"{ds} {m}")
+        axes[1].plot(mean.index, 100 - 100 * mean.test_acc, label=f"{ds} {m}")
+    axes[0].set_yscale("log"), axes[0].set_ylabel("training loss"), axes[1].set_ylabel("test error (%)")
+    for ax in axes:
+        ax.set_xlabel("communication round")
+    axes[1].legend(fontsize=7)
+    return pd.DataFrame(rows), _comparison(comp), fig
+
+
+def ali_table(target, df, profile):
+    """ALI Tables II-IV: final accuracy per method (rows) and (dataset, block, ε) (columns)."""
+    paper = _paper(target.id)
+    df = df.assign(block=[_ali_block(r) for r in df.itertuples()])
+    rows, comp = [], []
+    for r in df.dropna(subset=["final_acc"]).itertuples():
+        hit = paper[(paper.dataset == r.dataset) & (paper.row == r.method)
+                    & (paper.column == f"epsilon={float(r.epsilon)!r}") & paper.block.isin([r.block, ""])]
+        pv = float(hit.value.iloc[0]) if len(hit) else None
+        rows.append({"dataset": r.dataset, "block": r.block, "epsilon": r.epsilon, "method": r.method,
+                     "R_s": r.rounds, "final acc % (ours)": r.final_acc, "paper": pv,
+                     "diff": None if pv is None else r.final_acc - pv})
+        comp.append((f"{r.dataset} {r.block} ε={r.epsilon} {r.method}", r.final_acc, pv))
+    return pd.DataFrame(rows), _comparison(comp), None
+
+
+def _ali_block(r) -> str:
+    rc = {1.55: 79, 1.65: 122, 1.75: 177, 1.85: 231, 2.0: 317}.get(float(r.epsilon))
+    return "R_s=R_c" if rc == r.rounds else "R_s=2R_c" if rc and 2 * rc >= r.rounds > rc else ""
+
+
+def acc_vs_tau(target, df, profile):
+    """ALI Fig. 1: final accuracy against a fixed τ, one line per (dataset, ε, R_s)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    done = df.dropna(subset=["final_acc"])
+    for (ds, eps, rs), g in done.groupby(["dataset", "epsilon", "rounds"]):
+        g = g.sort_values("tau")
+        ax.plot(g.tau, g.final_acc, marker="o", label=f"{ds} ε={eps} R_s={rs}")
+    ax.set_xlabel("τ (local iterations)"), ax.set_ylabel("final test accuracy (%)"), ax.legend(fontsize=6)
+    keys = ["dataset", "epsilon", "rounds", "tau"]
+    table = done[[*keys, "final_acc"]].sort_values(keys)
+    return table, _comparison([]), fig
+
+
+def tau_lists(target, df, profile):
+    """ALI Fig. 6: the τ ALI-DPFL chose in each round, one line per (dataset, ε, R_s)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = []
+    for r in df[df.status == "completed"].itertuples():
+        m = curve(r.dir).dropna(subset=["tau"])
+        ax.step(m["round"], m.tau, where="post", label=f"{r.dataset} ε={r.epsilon} R_s={r.rounds}")
+        rows.append({"dataset": r.dataset, "epsilon": r.epsilon, "R_s": r.rounds,
+                     "tau list": " ".join(str(int(t)) for t in m.tau), "steps": int(m.steps_total.iloc[-1])})
+    ax.set_xlabel("communication round"), ax.set_ylabel("τ*"), ax.legend(fontsize=6)
+    return pd.DataFrame(rows), _comparison([]), fig
+
+
+def transmissions(target, df, profile):
+    """FEDNORMEC-F2 / F5(b): test accuracy and training loss against total client-to-server
+    transmissions, per p at β = 0.01 with γ tuned per p; transmissions to reach 65%."""
+    sel = df[df.beta.astype(float) == 0.01]
+    best = tuned(sel, ["p"])
+    fig, (ax_a, ax_l) = plt.subplots(1, 2, figsize=(10, 4))
+    paper, comp, rows = _paper(target.id), [], []
+    for r in best.itertuples():
+        m = curve(r.dir)
+        acc = m.dropna(subset=["test_acc"])
+        ax_a.plot(acc.transmissions_total, 100 * acc.test_acc, marker=".", label=f"p={r.p} (γ={r.gamma:g})")
+        ax_l.plot(m.transmissions_total, m.train_loss, label=f"p={r.p}")
+        reach = acc[100 * acc.test_acc >= 65.0]
+        ours = float(reach.transmissions_total.iloc[0]) if len(reach) else None
+        hit = paper[paper.block == f"p={float(r.p)!r}"]
+        pv = float(hit.value.iloc[0]) if len(hit) else None
+        rows.append({"p": r.p, "tuned gamma": r.gamma, "best acc %": r.best_acc,
+                     "transmissions to 65% (ours)": ours, "paper": pv})
+        if pv is not None:
+            comp.append((f"p={r.p} transmissions to 65%", ours, pv))
+    ax_a.set_xlabel("total client-to-server transmissions"), ax_a.set_ylabel("test accuracy (%)")
+    ax_l.set_xlabel("total client-to-server transmissions"), ax_l.set_ylabel("training loss"), ax_l.set_yscale("log")
+    ax_a.legend(fontsize=7)
+    return pd.DataFrame(rows), _comparison(comp), fig
+
+
+KINDS = {"best_table": best_table, "heatmap": heatmap, "curves": curves, "seeds_table": seeds_table,
+         "ali_table": ali_table, "acc_vs_tau": acc_vs_tau, "tau_lists": tau_lists, "transmissions": transmissions}
+
+
+def compare(target, profile: str, store_dir: Path):
+    """(runs, table, comparison, figure) of an ID from what is stored."""
+    df = runs(target, profile, store_dir)
+    done = df[df.status.isin(store.FINISHED)]
+    if done.empty:
+        return df, None, _comparison([]), None
+    table, comp, fig = KINDS[target.kind](target, done, profile)
+    return df, table, comp, fig
+
+
+def draw(target, profile: str, store_dir: Path) -> list[Path]:
+    """Write the ID's table (.md, .csv) and figure (.png, .pdf); nothing when no run is stored."""
+    df, table, comp, fig = compare(target, profile, store_dir)
+    if table is None:
+        return []
+    base = OUT / profile / target.slug
+    title = f"{target.id}: {target.title}"
+    note = caption(df, profile)
+    out = _write_table(table, base, title, note)
+    if fig is not None:
+        out += _save(fig, base, title, note)
+    return out

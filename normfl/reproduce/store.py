@@ -1,0 +1,182 @@
+"""The run store: every run of a figure or table lives in ``outputs/store/<key>``, where the key is a
+hash of its resolved config, so a grid re-run only trains what is missing and runs shared between
+figures (NORMEC's NP-SN group feeds five of them) are trained once.
+
+An experiment file ``conf/experiment/<name>.yaml`` may carry two inert nodes that training ignores:
+
+``grid``
+    The paper's runs: a list of blocks whose union is the grid. A block names ``experiment``, a
+    list of experiment files (a paper's run group, e.g. ``normec_np_nosn``; default: this file),
+    and lists of values for config groups (``algo: [dpfl]``) or dotted keys (``algo.tau: [1, 2]``).
+    Its runs are the product of those lists and of the experiment file's own Hydra sweep
+    (``hydra.sweeper.params``, what ``train.py -m experiment=<file>`` runs); a list in the block
+    replaces the sweep's list for the same key.
+``paper`` / ``quick``
+    The profiles: ``set`` (overrides for every run of the grid) and, for ``quick``, ``grid``
+    (lists that replace the lists of the same key in every block holding that key).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from normfl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+PROFILES = ("paper", "quick")
+# Keys that do not change what a run computes (where and how fast it runs, what it prints).
+NOT_IN_KEY = ("hydra", "grid", "paper", "quick", "threads", "progress", "backend", "device", "logger",
+              "data_root", "offline_data", "save_params")
+FINISHED = ("completed", "diverged")
+
+
+def value_text(v) -> str:
+    """A grid value as a Hydra override writes it."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(value_text(x) for x in v) + "]"
+    return "null" if v is None else str(v)
+
+
+@dataclass
+class Job:
+    experiment: str
+    params: dict                       # the grid point: key -> value (incl. experiment/groups)
+    overrides: list[str]               # what train.py is given
+    key: str = ""
+    cfg: DictConfig | None = field(default=None, repr=False)
+
+    def dir(self, store: Path) -> Path:
+        return store / self.key
+
+    def command(self) -> str:
+        return "python train.py " + " ".join(self.overrides)
+
+
+def load_experiment(name: str) -> DictConfig:
+    path = CONF / "experiment" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+        raise ConfigError("experiment", name, " | ".join(known))
+    return OmegaConf.load(path)
+
+
+def grid_points(name: str, profile: str) -> list[dict]:
+    """The grid points of an experiment file under a profile, in file order."""
+    if profile not in PROFILES:
+        raise ConfigError("profile", profile, " | ".join(PROFILES))
+    spec = load_experiment(name)
+    blocks = OmegaConf.to_container(spec.get("grid") or [{}], resolve=False)
+    quick = OmegaConf.to_container(OmegaConf.select(spec, "quick.grid", default=None) or OmegaConf.create())
+    points = []
+    for block in blocks:
+        if profile == "quick":
+            block = {k: quick.get(k, v) for k, v in block.items()}
+        for experiment in block.get("experiment", [name]):
+            lists = {**sweep(experiment), **{k: v for k, v in block.items() if k != "experiment"}}
+            if profile == "quick":
+                lists = {k: quick.get(k, v) for k, v in lists.items()}
+            for values in itertools.product(*lists.values()):
+                points.append({"experiment": experiment, **dict(zip(lists, values, strict=True))})
+    return points
+
+
+def sweep(name: str) -> dict[str, list]:
+    """An experiment file's Hydra sweep (``hydra.sweeper.params``) as lists of values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = OmegaConf.select(load_experiment(name), "hydra.sweeper.params", default=None) or {}
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    return {o.key_or_group: list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()] for o in parsed}
+
+
+@functools.cache
+def jobs(name: str, profile: str) -> list[Job]:
+    """Every run of an experiment's grid, with its resolved config and store key (composed once)."""
+    from hydra import compose, initialize_config_dir
+
+    spec = load_experiment(name)
+    settings = OmegaConf.to_container(OmegaConf.select(spec, f"{profile}.set", default=None) or OmegaConf.create())
+    out = []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for point in grid_points(name, profile):
+            overrides = [f"{k}={value_text(v)}" for k, v in point.items()]
+            overrides += [f"{k}={value_text(v)}" for k, v in settings.items()] + [f"profile={profile}"]
+            cfg = compose(config_name="config", overrides=overrides)
+            out.append(Job(name, point, overrides, config_key(cfg), cfg))
+    unique = {job.key: job for job in reversed(out)}          # blocks may overlap: first one wins
+    return [job for job in out if unique[job.key] is job]
+
+
+def config_key(cfg: DictConfig) -> str:
+    """A stable hash of what a run computes: the resolved config without NOT_IN_KEY."""
+    data = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
+    text = json.dumps(data, sort_keys=True, default=str)
+    return f"{cfg.algo.name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+def status(run_dir: Path) -> str:
+    """completed | diverged | failed | missing (no summary: never run, or killed part-way)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status", "failed")
+    except (OSError, ValueError):
+        return "missing"
+
+
+def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: int | None = None,
+                retry_failed: bool = False, log=print) -> dict[str, int]:
+    """Train every job whose run is not finished, ``parallel`` at a time; returns status counts.
+
+    Each run is a ``train.py`` subprocess writing into its store folder, so a crash or a divergence
+    stays with that run and the others go on. A folder without a summary (a killed run) is cleared
+    and run again.
+    """
+    skip = FINISHED if retry_failed else (*FINISHED, "failed")
+    todo = [job for job in job_list if status(job.dir(store)) not in skip]
+    threads = threads or max(1, (os.cpu_count() or 1) // parallel)
+    log(f"{len(job_list)} runs, {len(job_list) - len(todo)} already stored, {len(todo)} to run "
+        f"({parallel} at a time, {threads} thread(s) each)")
+
+    def one(job: Job) -> str:
+        d = job.dir(store)
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        cmd = [sys.executable, str(ROOT / "train.py"), *job.overrides, f"hydra.run.dir={d}",
+               f"threads={threads}", "progress=false"]
+        t0 = time.time()
+        with open(d / "stdout.txt", "w") as fh:
+            subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False)
+        st = status(d)
+        if st == "missing":  # refused or crashed before writing its summary
+            (d / "summary.json").write_text(json.dumps({"status": "failed", "error": _tail(d / "stdout.txt")}))
+            st = "failed"
+        log(f"  {st:9s} {time.time() - t0:7.1f} s  {d.name}  {' '.join(job.overrides)}")
+        return st
+
+    counts: dict[str, int] = {}
+    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+        for st in pool.map(one, todo):
+            counts[st] = counts.get(st, 0) + 1
+    return counts
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(path.read_text().splitlines()[-lines:])
+    except OSError:
+        return ""

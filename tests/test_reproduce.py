@@ -1,0 +1,112 @@
+"""The reproduction driver: grids, store keys, running only what is missing, drawing and the report."""
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from normfl.errors import ConfigError
+from normfl.reproduce import figures, report, store, targets
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=2", "eval_every=1",
+        "dataset.train_limit=600", "dataset.test_limit=200"]
+
+
+def test_grid_is_the_union_of_blocks_and_quick_replaces_lists():
+    paper = store.grid_points("normec_f10", "paper")
+    assert len(paper) == 32                                  # Clip21 4×4 + α-NormEC without SN 4×4
+    assert {p["algo"] for p in paper} == {"clip21", "normec"}
+    quick = store.grid_points("normec_f10", "quick")
+    assert len(quick) == 16 and {p["algo.gamma"] for p in quick} == {0.01, 0.1}
+    assert {p["algo.beta"] for p in quick} == {0.01, 0.1, 1.0, 10.0}     # untouched lists stay
+    ali = store.grid_points("alidpfl_t2", "paper")
+    assert len(ali) == 2 * 6 * (1 + 5)                       # datasets × budgets × (ALI + τ = 1..5)
+    with pytest.raises(ConfigError, match="profile"):
+        store.grid_points("normec_f10", "fast")
+    with pytest.raises(ConfigError, match="experiment"):
+        store.grid_points("no_such_figure", "paper")
+
+
+def test_store_key_ignores_how_a_run_runs_and_is_shared_between_figures():
+    t2 = {j.command(): j for j in store.jobs("normec_t2", "paper")}
+    f3 = {j.command(): j for j in store.jobs("normec_f3", "paper")}
+    point = "algo=normec algo.server_norm=false algo.alpha=0.01 algo.beta=0.1 algo.gamma=0.1"
+    a = next(j for c, j in t2.items() if point in c)
+    b = next(j for c, j in f3.items() if point in c)
+    assert a.key == b.key and a.key.startswith("normec-")     # one run feeds NORMEC-T2 and F3
+    cfg = a.cfg.copy()
+    cfg.threads, cfg.backend, cfg.progress = 1, "vmap", False
+    assert store.config_key(cfg) == a.key
+    cfg.seed = 43
+    assert store.config_key(cfg) != a.key
+    keys = [j.key for j in store.jobs("normec_t2", "paper")]
+    assert len(set(keys)) == len(keys) == 32
+    assert {j.cfg.profile for j in store.jobs("normec_t2", "quick")} == {"quick"}
+
+
+def test_every_id_composes_under_both_profiles():
+    for t in targets.TARGETS.values():
+        for job in store.jobs(t.experiment, "quick"):
+            assert job.cfg.profile == "quick"
+        assert store.grid_points(t.experiment, "paper")
+    slugs = re.search(r"^IDS := (.*?)\n\S", (REPO / "Makefile").read_text(), re.S | re.M).group(1)
+    assert slugs.replace("\\", " ").split() == [t.slug for t in targets.TARGETS.values()]
+
+
+def test_run_missing_trains_only_what_is_missing_and_records_failures(tmp_path, data_root, monkeypatch):
+    monkeypatch.setenv("NORMFL_DATA", str(data_root))
+    jobs = [store.Job("t", {}, [*TINY, f"seed={s}"], key=f"k{s}") for s in (0, 1)]
+    bad = store.Job("t", {}, [*TINY, "algo.gamma=-1"], key="bad")
+    logs = []
+    counts = store.run_missing([*jobs, bad], tmp_path, parallel=2, log=logs.append)
+    assert counts == {"completed": 2, "failed": 1}
+    assert json.loads((tmp_path / "bad" / "summary.json").read_text())["status"] == "failed"
+    assert "algo.gamma" in (tmp_path / "bad" / "stdout.txt").read_text()       # the refusal is kept
+    (tmp_path / "k1" / "summary.json").unlink()               # as if killed before it finished
+    counts = store.run_missing([*jobs, bad], tmp_path, log=logs.append)
+    assert counts == {"completed": 1}                          # k0 reused, bad not retried, k1 re-run
+    assert "2 already stored, 1 to run" in logs[-2]
+
+
+def fake_run(d: Path, final_acc, losses, status="completed", **summary):
+    d.mkdir(parents=True)
+    rounds = range(len(losses) + 1)
+    pd.DataFrame({"round": rounds, "train_loss": [None, *losses],
+                  "test_acc": [0.1] * len(losses) + [final_acc]}).to_csv(d / "metrics.csv", index=False)
+    (d / "summary.json").write_text(json.dumps({"status": status, "final_test_acc": final_acc, **summary}))
+    return d
+
+
+def test_tuned_gamma_is_chosen_by_final_accuracy_and_skips_diverged():
+    rows = [dict(method="m", beta=0.1, gamma=g, final_acc=a)
+            for g, a in ((0.01, 60.0), (0.1, 70.0), (1.0, None))]  # γ = 1 diverged: no accuracy
+    best = figures.tuned(pd.DataFrame(rows), ["method", "beta"])
+    assert list(best.gamma) == [0.1]
+    table, comp, fig = figures.best_table(targets.get("normec-t2"), pd.DataFrame(rows).assign(
+        method="normec_no_sn"), "paper")
+    assert table["final acc % (ours)"].tolist() == [70.0] and table["paper"].tolist() == [86.09]
+    assert comp["diff"].iloc[0] == pytest.approx(70.0 - 86.09)
+
+
+def test_seed_table_averages_seeds_beside_the_paper(tmp_path):
+    rows = [dict(dataset="fashion_mnist", method="normfedavg", status="completed", bits=32,
+                 last5_err=e, dir=fake_run(tmp_path / str(i), 1 - e / 100, [1.0, 0.8]))
+            for i, e in enumerate((11.0, 11.2, 11.4))]
+    table, comp, fig = figures.seeds_table(targets.get("normfedavg-t6"), pd.DataFrame(rows), "paper")
+    row = table.iloc[0]
+    assert row["seeds"] == 3 and row["last-5 test error % (ours)"] == pytest.approx(11.2)
+    assert row["± (ours)"] == pytest.approx(0.2) and row["paper"] == 11.21
+    assert fig is not None
+
+
+def test_report_status_follows_the_tolerance():
+    df = pd.DataFrame({"status": ["completed", "completed"]})
+    comp = figures._comparison([("a", 80.0, 81.0), ("b", 70.0, None)])
+    assert report._status(df, comp, 2.0) == "reproduced"
+    assert report._status(df, comp, 0.5) == "deviates"
+    assert report._status(df.assign(status=["completed", "missing"]), comp, 2.0) == "partial (1/2 runs)"
+    assert report._status(df.assign(status="missing"), comp, 2.0) == "not run"
+    assert report._status(df, figures._comparison([]), 2.0).startswith("drawn")
