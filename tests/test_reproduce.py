@@ -18,7 +18,9 @@ TINY = ["dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=2", "eval_
 def test_grid_is_the_union_of_blocks_and_quick_replaces_lists():
     paper = store.grid_points("normec_f10", "paper")
     assert len(paper) == 32                                  # Clip21 4×4 + α-NormEC without SN 4×4
-    assert {p["algo"] for p in paper} == {"clip21", "normec"}
+    assert {p["experiment"] for p in paper} == {"normec_np_clip21", "normec_np_nosn"}   # their own sweeps
+    t2 = store.grid_points("normec_t2", "paper")
+    assert len(t2) == 32 and {p.get("algo.alpha") for p in t2} == {0.01, None}   # NP-SN sliced to α = 0.01
     quick = store.grid_points("normec_f10", "quick")
     assert len(quick) == 16 and {p["algo.gamma"] for p in quick} == {0.01, 0.1}
     assert {p["algo.beta"] for p in quick} == {0.01, 0.1, 1.0, 10.0}     # untouched lists stay
@@ -31,12 +33,13 @@ def test_grid_is_the_union_of_blocks_and_quick_replaces_lists():
 
 
 def test_store_key_ignores_how_a_run_runs_and_is_shared_between_figures():
-    t2 = {j.command(): j for j in store.jobs("normec_t2", "paper")}
-    f3 = {j.command(): j for j in store.jobs("normec_f3", "paper")}
-    point = "algo=normec algo.server_norm=false algo.alpha=0.01 algo.beta=0.1 algo.gamma=0.1"
-    a = next(j for c, j in t2.items() if point in c)
-    b = next(j for c, j in f3.items() if point in c)
+    def nosn(name):      # α-NormEC without SN at β = γ = 0.1, as a grid of `name` runs it
+        return next(j for j in store.jobs(name, "paper") if j.params["experiment"] == "normec_np_nosn"
+                    and j.params["algo.beta"] == 0.1 and j.params["algo.gamma"] == 0.1)
+
+    a, b = nosn("normec_t2"), nosn("normec_f3")
     assert a.key == b.key and a.key.startswith("normec-")     # one run feeds NORMEC-T2 and F3
+    assert a.cfg.algo.server_norm is False and a.cfg.eval_every == 10      # the run group's paper settings
     cfg = a.cfg.copy()
     cfg.threads, cfg.backend, cfg.progress = 1, "vmap", False
     assert store.config_key(cfg) == a.key

@@ -12,8 +12,10 @@ An experiment file ``conf/experiment/<name>.yaml`` may carry two inert nodes tha
     (``hydra.sweeper.params``, what ``train.py -m experiment=<file>`` runs); a list in the block
     replaces the sweep's list for the same key.
 ``paper`` / ``quick``
-    The profiles: ``set`` (overrides for every run of the grid) and, for ``quick``, ``grid``
-    (lists that replace the lists of the same key in every block holding that key).
+    The profiles: ``set``, the overrides that scale a run (kept with the run group or its setup
+    file, e.g. ``nfa_fmnist.yaml``, so every figure drawing on a run group runs it alike; an ID
+    file may add its own), and, for ``quick``, ``grid``: lists that replace the lists of the
+    same key in every block (fewer grid points and seeds).
 """
 
 from __future__ import annotations
@@ -105,17 +107,25 @@ def sweep(name: str) -> dict[str, list]:
     return {o.key_or_group: list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()] for o in parsed}
 
 
+def _settings(cfg: DictConfig, profile: str) -> dict:
+    node = OmegaConf.select(cfg, f"{profile}.set", default=None)
+    return OmegaConf.to_container(node, resolve=False) if node is not None else {}
+
+
 @functools.cache
 def jobs(name: str, profile: str) -> list[Job]:
-    """Every run of an experiment's grid, with its resolved config and store key (composed once)."""
+    """Every run of an experiment's grid, with its resolved config and store key (composed once).
+
+    A run's profile settings are its run group's (``paper.set`` / ``quick.set`` in the experiment
+    file it is composed from, or in that file's defaults), then the ID file's own."""
     from hydra import compose, initialize_config_dir
 
-    spec = load_experiment(name)
-    settings = OmegaConf.to_container(OmegaConf.select(spec, f"{profile}.set", default=None) or OmegaConf.create())
+    own = _settings(load_experiment(name), profile)
     out = []
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for point in grid_points(name, profile):
             overrides = [f"{k}={value_text(v)}" for k, v in point.items()]
+            settings = {**_settings(compose(config_name="config", overrides=overrides), profile), **own}
             overrides += [f"{k}={value_text(v)}" for k, v in settings.items()] + [f"profile={profile}"]
             cfg = compose(config_name="config", overrides=overrides)
             out.append(Job(name, point, overrides, config_key(cfg), cfg))

@@ -1,9 +1,10 @@
 """The papers' figures and tables that come from runs: which grid each one needs, how it is drawn,
 how close to the paper counts as reproduced, and why it is not where it is not.
 
-Each ID's runs are the grid of ``conf/experiment/<experiment>.yaml``; IDs drawn from the same runs
-share the file (NORMEC-F1, F2 and F7 all use ``normec_f1``). IDs that need no run (NORMEC-T1, EX1,
-APPC: unit tests; ALIDPFL-T1, F2, F3 and NORMFEDAVG-T1: notation and diagrams) are in ``NO_RUNS``.
+Each ID's runs are the grid of ``conf/experiment/<id>.yaml`` (``normec_t2`` for NORMEC-T2), which
+draws on the papers' run groups (``normec_np_sn``, ``nfa_t4_qtdl``, ...); IDs drawing the same runs
+share them through the store. IDs that need no run (NORMEC-T1, EX1, APPC: unit tests; ALIDPFL-T1,
+F2, F3 and NORMFEDAVG-T1: notation and diagrams) are in ``NO_RUNS``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ NP = {"normec_sn": "α-NormEC with SN", "normec_no_sn": "α-NormEC without SN"}
 TARGETS = {t.id: t for t in (
     Target("NORMEC-F1", "normec_f1", "non-private α-NormEC (SN), loss and accuracy per α, β (tuned γ)",
            "curves", **NORMEC_TOL, cause=NORMEC_CAUSE, draw={"style": "alpha", "by": ("beta", "alpha")}),
-    Target("NORMEC-F2", "normec_f1", "highest test accuracy of α-NormEC over α × β (max over γ)",
+    Target("NORMEC-F2", "normec_f2", "highest test accuracy of α-NormEC over α × β (max over γ)",
            "heatmap", **NORMEC_TOL, cause=NORMEC_CAUSE, draw={"rows": "beta", "cols": "alpha"}),
     Target("NORMEC-F3", "normec_f3", "α-NormEC without SN vs DP-SGD with smoothed normalization, non-private",
            "curves", **NORMEC_TOL, cause=NORMEC_CAUSE),
@@ -62,25 +63,25 @@ TARGETS = {t.id: t for t in (
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("NORMEC-F6", "normec_f6", "DP-Clip21 vs DP-α-NormEC with / without SN (tuned γ)", "curves",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
-    Target("NORMEC-F7", "normec_f1", "α-NormEC (SN): min / final train loss and final accuracy over α × β",
+    Target("NORMEC-F7", "normec_f7", "α-NormEC (SN): min / final train loss and final accuracy over α × β",
            "heatmap", **NORMEC_TOL, cause=NORMEC_CAUSE,
            draw={"rows": "alpha", "cols": "beta", "panels": [
                ("minimal train loss", "normec_sn", "min_loss", "min"),
                ("final train loss", "normec_sn", "final_loss", "min"),
                ("final test accuracy (%)", "normec_sn", "final_acc", "max")]}),
-    Target("NORMEC-F8", "normec_f3", "best configurations: α-NormEC without SN vs DP-SGD (2)", "best_table",
+    Target("NORMEC-F8", "normec_f8", "best configurations: α-NormEC without SN vs DP-SGD (2)", "best_table",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
-    Target("NORMEC-F9", "normec_t2", "α-NormEC with vs without SN, non-private (tuned γ)", "curves",
+    Target("NORMEC-F9", "normec_f9", "α-NormEC with vs without SN, non-private (tuned γ)", "curves",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("NORMEC-T2", "normec_t2", "best configurations of α-NormEC with and without SN", "best_table",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("NORMEC-F10", "normec_f10", "Clip21 vs α-NormEC without SN, non-private (tuned γ)", "curves",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
-    Target("NORMEC-F11", "normec_f10", "best configurations: Clip21 vs α-NormEC without SN", "best_table",
+    Target("NORMEC-F11", "normec_f11", "best configurations: Clip21 vs α-NormEC without SN", "best_table",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("NORMEC-F12", "normec_f12", "DP-α-NormEC over 150 rounds, best test accuracy over β × γ", "heatmap",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
-    Target("NORMEC-F13", "normec_f12", "DP-α-NormEC over 150 rounds, curves per β (tuned γ)", "curves",
+    Target("NORMEC-F13", "normec_f13", "DP-α-NormEC over 150 rounds, curves per β (tuned γ)", "curves",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("FEDNORMEC-F1", "fednormec_f1", "DP-Fed-α-NormEC, full vs partial (p = 0.25) participation",
            "curves", **FED_TOL, cause=NORMEC_CAUSE, draw={"style": "p", "by": ("p", "beta")}),
@@ -88,9 +89,9 @@ TARGETS = {t.id: t for t in (
            "transmissions", **FED_TOL, cause=NORMEC_CAUSE),
     Target("FEDNORMEC-F3", "fednormec_f3", "DP-Fed-α-NormEC vs DP-FedAvg (tuned γ)", "curves", **FED_TOL,
            cause=NORMEC_CAUSE),
-    Target("FEDNORMEC-F4", "fednormec_f3", "DP-FedAvg, highest test accuracy over β × γ", "heatmap", **FED_TOL,
+    Target("FEDNORMEC-F4", "fednormec_f4", "DP-FedAvg, highest test accuracy over β × γ", "heatmap", **FED_TOL,
            cause=NORMEC_CAUSE, draw={"methods": ["fedavg"]}),
-    Target("FEDNORMEC-F5", "fednormec_f2", "training loss against transmissions (companion of F2; "
+    Target("FEDNORMEC-F5", "fednormec_f5", "training loss against transmissions (companion of F2; "
            "F1's companion is the left panel of FEDNORMEC-F1)", "transmissions", **FED_TOL, cause=NORMEC_CAUSE),
     Target("ALIDPFL-T2", "alidpfl_t2", "Condition I (R_s ≥ R_c): ALI-DPFL vs fixed τ", "ali_table", **ALI_TOL,
            cause=ALI_CAUSE),
@@ -103,18 +104,18 @@ TARGETS = {t.id: t for t in (
            cause=ALI_CAUSE),
     Target("NORMFEDAVG-T2", "normfedavg_t2", "CIFAR-10: Binomial vs QTDL, bits and last-5 test error",
            "seeds_table", **NFA_CIFAR_TOL),
-    Target("NORMFEDAVG-F1", "normfedavg_t2", "CIFAR-10: Binomial vs QTDL, curves", "seeds_table", **NFA_CIFAR_TOL),
+    Target("NORMFEDAVG-F1", "normfedavg_f1", "CIFAR-10: Binomial vs QTDL, curves", "seeds_table", **NFA_CIFAR_TOL),
     Target("NORMFEDAVG-T3", "normfedavg_t3", "FMNIST: DP-NormFedAvg vs clipping, last-5 test error",
            "seeds_table", **NFA_TOL),
-    Target("NORMFEDAVG-F2", "normfedavg_t3", "FMNIST: DP-NormFedAvg vs clipping, curves", "seeds_table", **NFA_TOL),
+    Target("NORMFEDAVG-F2", "normfedavg_f2", "FMNIST: DP-NormFedAvg vs clipping, curves", "seeds_table", **NFA_TOL),
     Target("NORMFEDAVG-T4", "normfedavg_t4", "FMNIST: Binomial vs QTDL, bits and last-5 test error",
            "seeds_table", **NFA_TOL),
-    Target("NORMFEDAVG-F3", "normfedavg_t4", "FMNIST: Binomial vs QTDL, curves", "seeds_table", **NFA_TOL),
+    Target("NORMFEDAVG-F3", "normfedavg_f3", "FMNIST: Binomial vs QTDL, curves", "seeds_table", **NFA_TOL),
     Target("NORMFEDAVG-T5", "normfedavg_t5", "CIFAR-10, aggregate-level DP: DP-NormFedAvg vs clipping",
            "seeds_table", **NFA_CIFAR_TOL),
-    Target("NORMFEDAVG-F4", "normfedavg_t5", "CIFAR-10, aggregate-level DP: curves", "seeds_table", **NFA_CIFAR_TOL),
+    Target("NORMFEDAVG-F4", "normfedavg_f4", "CIFAR-10, aggregate-level DP: curves", "seeds_table", **NFA_CIFAR_TOL),
     Target("NORMFEDAVG-T6", "normfedavg_t6", "NormFedAvg vs FedAvg, last-5 test error", "seeds_table", **NFA_TOL),
-    Target("NORMFEDAVG-F5", "normfedavg_t6", "NormFedAvg vs FedAvg, curves", "seeds_table", **NFA_TOL),
+    Target("NORMFEDAVG-F5", "normfedavg_f5", "NormFedAvg vs FedAvg, curves", "seeds_table", **NFA_TOL),
 )}
 
 # IDs with nothing to run: where each is reproduced instead.
