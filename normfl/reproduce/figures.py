@@ -23,7 +23,6 @@ from normfl.reproduce import store  # noqa: E402
 from normfl.reproduce.paper import paper_numbers  # noqa: E402
 
 OUT = store.ROOT / "docs" / "reproduction"
-COLORS = {0.001: "tab:blue", 0.01: "tab:orange", 0.1: "tab:green", 1.0: "tab:red", 10.0: "tab:purple"}
 DATASETS = {"load_cifar10": "cifar10", "load_fashion_mnist": "fashion_mnist"}
 
 
@@ -212,12 +211,16 @@ def curves(target, df, profile):
     by = [k for k in ("method", "beta", "alpha", "p")
           if k == style_key or k in target.draw.get("by", ("method", "beta"))]
     best = tuned(df, by)
-    styles = {v: ("-", "--", ":", "-.")[i % 4] for i, v in enumerate(sorted(best[style_key].astype(str).unique()))}
+    betas = sorted(best.beta.unique())
+    colors = target.draw.get("colors") or {b: f"C{i}" for i, b in enumerate(betas)}   # matplotlib's cycle
+    values = sorted(best[style_key].unique(), key=str)
+    styles = target.draw.get("styles") or {v: ("-", "--", ":", "-.")[i % 4] for i, v in enumerate(values)}
     fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(10, 4))
     for r in best.itertuples():
         m = curve(r.dir)
-        label = f"{style_key}={getattr(r, style_key)}, β={r.beta:g}, γ={r.gamma:g}"
-        kw = dict(color=COLORS.get(float(r.beta), "k"), ls=styles[str(getattr(r, style_key))], label=label, lw=1.2)
+        style = getattr(r, style_key)
+        label = f"{style_key}={style}, β={r.beta:g}, γ={r.gamma:g}"
+        kw = dict(color=colors.get(r.beta, "k"), ls=styles.get(style, "-."), label=label, lw=1.2)
         loss = m.dropna(subset=["train_loss"])
         ax_l.plot(loss["round"], loss.train_loss, **kw)
         acc = m.dropna(subset=["test_acc"])
@@ -257,18 +260,27 @@ def seeds_table(target, df, profile):
                      "paper": pv("test_error_last5"), "± (paper)": pv("test_error_last5", "std"),
                      "diff": None if pv("test_error_last5") is None else err - pv("test_error_last5")})
         comp.append((f"{ds} {m} last-5 test error", err, pv("test_error_last5")))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for (ds, m), runs_ in df[df.status == "completed"].groupby(["dataset", "method"], sort=False):
-        ms = pd.concat([curve(d).assign(run=i) for i, d in enumerate(runs_.dir)])
-        mean = ms.groupby("round").mean(numeric_only=True)
-        full = mean.get("full_train_loss", pd.Series(dtype=float)).dropna()
-        loss = full if len(full) else mean.train_loss.dropna()           # the whole training set when logged
-        axes[0].plot(loss.index, loss, label=f"{ds} {m}")
-        axes[1].plot(mean.index, 100 - 100 * mean.test_acc, label=f"{ds} {m}")
-    axes[0].set_yscale("log"), axes[0].set_ylabel("training loss"), axes[1].set_ylabel("test error (%)")
-    for ax in axes:
-        ax.set_xlabel("communication round")
-    axes[1].legend(fontsize=7)
+    means = {(r["dataset"], r["column"]): r["last-5 test error % (ours)"] for r in rows}
+    for p in paper[paper.metric == "test_error_reduction_pct"].itertuples():   # "QTDL is 3% better than ..."
+        ours = means.get((p.dataset, p.column[3:]), math.nan) - means.get((p.dataset, p.row), math.nan)
+        comp.append((f"{p.dataset} {p.row} {p.column}: test error reduction (points)", ours, p.value))
+    if not target.draw.get("figure", True):
+        return pd.DataFrame(rows), _comparison(comp), None
+    done = df[df.status == "completed"]
+    datasets = list(dict.fromkeys(done.dataset))
+    fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.6 * len(datasets)), squeeze=False)
+    for row_axes, ds in zip(axes, datasets, strict=True):      # one row per dataset, as NFA Fig. 5 a-d
+        for m, runs_ in done[done.dataset == ds].groupby("method", sort=False):
+            mean = pd.concat([curve(d) for d in runs_.dir]).groupby("round").mean(numeric_only=True)
+            full = mean.get("full_train_loss", pd.Series(dtype=float)).dropna()
+            loss = full if len(full) else mean.train_loss.dropna()       # the whole training set when logged
+            row_axes[0].plot(loss.index, loss, label=f"{m} ({len(runs_)} seeds)")
+            err = 100 - 100 * mean.test_acc.dropna()
+            row_axes[1].plot(err.index, err, label=f"{m} ({len(runs_)} seeds)")
+        row_axes[0].set_yscale("log"), row_axes[0].set_ylabel(f"{ds}: training loss")
+        row_axes[1].set_ylabel(f"{ds}: test error (%)"), row_axes[1].legend(fontsize=7)
+        for ax in row_axes:
+            ax.set_xlabel("communication round")
     return pd.DataFrame(rows), _comparison(comp), fig
 
 

@@ -47,22 +47,29 @@ NFA_TOL = dict(tolerance=1.0, why="3 seeds (paper std ≤ 0.15); unstated detail
                "sampler's dropped tail) move the mean by a few tenths")
 NFA_CIFAR_TOL = dict(tolerance=2.0, why="3 seeds; CIFAR-10 from the JPEG copy")
 
-NP = {"normec_sn": "α-NormEC with SN", "normec_no_sn": "α-NormEC without SN"}
+# Line colours and styles the captions state (NORMEC-F1: β = 0.01 blue, 0.1 green, 1.0 orange, 10
+# red; α = 0.01 solid, 0.1 dashed, 1.0 dotted), reused for the other non-private NORMEC curves.
+NO_FIGURE = {"figure": False}      # the NFA tables: their figures are the F IDs drawn from the same runs
+NP_COLORS = {0.01: "C0", 0.1: "C2", 1.0: "C1", 10.0: "C3"}
+SOLID_DASHED = {"normec_sn": "-", "normec_no_sn": "--"}
 
 TARGETS = {t.id: t for t in (
     Target("NORMEC-F1", "normec_f1", "non-private α-NormEC (SN), loss and accuracy per α, β (tuned γ)",
-           "curves", **NORMEC_TOL, cause=NORMEC_CAUSE, draw={"style": "alpha", "by": ("beta", "alpha")}),
+           "curves", **NORMEC_TOL, cause=NORMEC_CAUSE,
+           draw={"style": "alpha", "by": ("beta", "alpha"), "colors": NP_COLORS,
+                 "styles": {0.01: "-", 0.1: "--", 1.0: ":"}}),
     Target("NORMEC-F2", "normec_f2", "highest test accuracy of α-NormEC over α × β (max over γ)",
            "heatmap", **NORMEC_TOL, cause=NORMEC_CAUSE, draw={"rows": "beta", "cols": "alpha"}),
     Target("NORMEC-F3", "normec_f3", "α-NormEC without SN vs DP-SGD with smoothed normalization, non-private",
-           "curves", **NORMEC_TOL, cause=NORMEC_CAUSE),
+           "curves", **NORMEC_TOL, cause=NORMEC_CAUSE,
+           draw={"colors": NP_COLORS, "styles": {"dpsgd_norm": "-", "normec_no_sn": "--"}}),
     Target("NORMEC-F4", "normec_f4", "DP-α-NormEC with / without SN, highest test accuracy over β × γ",
            "heatmap", **NORMEC_TOL, cause=NORMEC_CAUSE,
            draw={"methods": ["normec_sn", "normec_no_sn"], "difference": True}),
     Target("NORMEC-F5", "normec_f5", "DP-Clip21, highest test accuracy over β × γ", "heatmap",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("NORMEC-F6", "normec_f6", "DP-Clip21 vs DP-α-NormEC with / without SN (tuned γ)", "curves",
-           **NORMEC_TOL, cause=NORMEC_CAUSE),
+           **NORMEC_TOL, cause=NORMEC_CAUSE, draw={"styles": {"clip21": "-", "normec_sn": ":", "normec_no_sn": "--"}}),
     Target("NORMEC-F7", "normec_f7", "α-NormEC (SN): min / final train loss and final accuracy over α × β",
            "heatmap", **NORMEC_TOL, cause=NORMEC_CAUSE,
            draw={"rows": "alpha", "cols": "beta", "panels": [
@@ -72,11 +79,12 @@ TARGETS = {t.id: t for t in (
     Target("NORMEC-F8", "normec_f8", "best configurations: α-NormEC without SN vs DP-SGD (2)", "best_table",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("NORMEC-F9", "normec_f9", "α-NormEC with vs without SN, non-private (tuned γ)", "curves",
-           **NORMEC_TOL, cause=NORMEC_CAUSE),
+           **NORMEC_TOL, cause=NORMEC_CAUSE, draw={"colors": NP_COLORS, "styles": SOLID_DASHED}),
     Target("NORMEC-T2", "normec_t2", "best configurations of α-NormEC with and without SN", "best_table",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("NORMEC-F10", "normec_f10", "Clip21 vs α-NormEC without SN, non-private (tuned γ)", "curves",
-           **NORMEC_TOL, cause=NORMEC_CAUSE),
+           **NORMEC_TOL, cause=NORMEC_CAUSE,
+           draw={"colors": NP_COLORS, "styles": {"clip21": "-", "normec_no_sn": "--"}}),
     Target("NORMEC-F11", "normec_f11", "best configurations: Clip21 vs α-NormEC without SN", "best_table",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("NORMEC-F12", "normec_f12", "DP-α-NormEC over 150 rounds, best test accuracy over β × γ", "heatmap",
@@ -84,11 +92,12 @@ TARGETS = {t.id: t for t in (
     Target("NORMEC-F13", "normec_f13", "DP-α-NormEC over 150 rounds, curves per β (tuned γ)", "curves",
            **NORMEC_TOL, cause=NORMEC_CAUSE),
     Target("FEDNORMEC-F1", "fednormec_f1", "DP-Fed-α-NormEC, full vs partial (p = 0.25) participation",
-           "curves", **FED_TOL, cause=NORMEC_CAUSE, draw={"style": "p", "by": ("p", "beta")}),
+           "curves", **FED_TOL, cause=NORMEC_CAUSE,
+           draw={"style": "p", "by": ("p", "beta"), "styles": {1.0: "-", 0.25: ":"}}),
     Target("FEDNORMEC-F2", "fednormec_f2", "DP-Fed-α-NormEC against total transmissions (β = 0.01)",
            "transmissions", **FED_TOL, cause=NORMEC_CAUSE),
     Target("FEDNORMEC-F3", "fednormec_f3", "DP-Fed-α-NormEC vs DP-FedAvg (tuned γ)", "curves", **FED_TOL,
-           cause=NORMEC_CAUSE),
+           cause=NORMEC_CAUSE, draw={"styles": {"fed_normec": "-", "fedavg": "--"}}),
     Target("FEDNORMEC-F4", "fednormec_f4", "DP-FedAvg, highest test accuracy over β × γ", "heatmap", **FED_TOL,
            cause=NORMEC_CAUSE, draw={"methods": ["fedavg"]}),
     Target("FEDNORMEC-F5", "fednormec_f5", "training loss against transmissions (companion of F2; "
@@ -103,18 +112,19 @@ TARGETS = {t.id: t for t in (
     Target("ALIDPFL-F6", "alidpfl_f6", "τ chosen by ALI-DPFL per round (Condition II)", "tau_lists", **ALI_TOL,
            cause=ALI_CAUSE),
     Target("NORMFEDAVG-T2", "normfedavg_t2", "CIFAR-10: Binomial vs QTDL, bits and last-5 test error",
-           "seeds_table", **NFA_CIFAR_TOL),
+           "seeds_table", **NFA_CIFAR_TOL, draw=NO_FIGURE),
     Target("NORMFEDAVG-F1", "normfedavg_f1", "CIFAR-10: Binomial vs QTDL, curves", "seeds_table", **NFA_CIFAR_TOL),
     Target("NORMFEDAVG-T3", "normfedavg_t3", "FMNIST: DP-NormFedAvg vs clipping, last-5 test error",
-           "seeds_table", **NFA_TOL),
+           "seeds_table", **NFA_TOL, draw=NO_FIGURE),
     Target("NORMFEDAVG-F2", "normfedavg_f2", "FMNIST: DP-NormFedAvg vs clipping, curves", "seeds_table", **NFA_TOL),
     Target("NORMFEDAVG-T4", "normfedavg_t4", "FMNIST: Binomial vs QTDL, bits and last-5 test error",
-           "seeds_table", **NFA_TOL),
+           "seeds_table", **NFA_TOL, draw=NO_FIGURE),
     Target("NORMFEDAVG-F3", "normfedavg_f3", "FMNIST: Binomial vs QTDL, curves", "seeds_table", **NFA_TOL),
     Target("NORMFEDAVG-T5", "normfedavg_t5", "CIFAR-10, aggregate-level DP: DP-NormFedAvg vs clipping",
-           "seeds_table", **NFA_CIFAR_TOL),
+           "seeds_table", **NFA_CIFAR_TOL, draw=NO_FIGURE),
     Target("NORMFEDAVG-F4", "normfedavg_f4", "CIFAR-10, aggregate-level DP: curves", "seeds_table", **NFA_CIFAR_TOL),
-    Target("NORMFEDAVG-T6", "normfedavg_t6", "NormFedAvg vs FedAvg, last-5 test error", "seeds_table", **NFA_TOL),
+    Target("NORMFEDAVG-T6", "normfedavg_t6", "NormFedAvg vs FedAvg, last-5 test error", "seeds_table", **NFA_TOL,
+           draw=NO_FIGURE),
     Target("NORMFEDAVG-F5", "normfedavg_f5", "NormFedAvg vs FedAvg, curves", "seeds_table", **NFA_TOL),
 )}
 
