@@ -113,3 +113,27 @@ def test_report_status_follows_the_tolerance():
     assert report._status(df.assign(status=["completed", "missing"]), comp, 2.0) == "partial (1/2 runs)"
     assert report._status(df.assign(status="missing"), comp, 2.0) == "not run"
     assert report._status(df, figures._comparison([]), 2.0).startswith("drawn")
+
+
+def test_every_kind_draws_from_stored_runs(tmp_path, monkeypatch):
+    """Each figure/table kind turns a frame of stored runs into a table (and a figure) without error."""
+    rows = []
+    grid = [("normec_sn", 0.01, 0.1, 1.0, 1), ("normec_no_sn", 0.01, 0.1, 0.25, 3),
+            ("normec_sn", 0.1, 0.01, 1.0, 5), ("normec_no_sn", 0.1, 0.1, 0.25, 1)]
+    for i, (meth, beta, gamma, p, tau) in enumerate(grid):
+        d = fake_run(tmp_path / str(i), 0.5 + i / 10, [2.0, 1.0, 0.5])
+        metrics = pd.read_csv(d / "metrics.csv").assign(tau=[None, tau, tau, tau], steps_total=[0, 1, 2, 3],
+                                                        transmissions_total=[0, 20, 40, 60])
+        metrics.to_csv(d / "metrics.csv", index=False)
+        rows.append(dict(method=meth, beta=beta, gamma=gamma, alpha=0.01, p=p, tau=tau, epsilon=2.0, rounds=3,
+                         dataset="cifar10", status="completed", dir=d, final_acc=50.0 + 10 * i,
+                         best_acc=55.0 + 10 * i, final_loss=0.5, min_loss=0.5, last5_err=30.0, bits=32,
+                         data="CIFAR-10 (JPEG copy)"))
+    df = pd.DataFrame(rows)
+    monkeypatch.setattr(figures, "OUT", tmp_path / "out")
+    for kind, fn in figures.KINDS.items():
+        target = targets.Target("X-F1", "x", kind, kind, 1.0, "test", draw={"methods": ["normec_sn", "normec_no_sn"]})
+        table, comp, fig = fn(target, df, "quick")
+        assert len(table) and set(comp.columns) == {"what", "ours", "paper", "diff"}, kind
+        if fig is not None:
+            assert [p.suffix for p in figures._save(fig, tmp_path / "out" / kind, kind, "note")] == [".png", ".pdf"]
