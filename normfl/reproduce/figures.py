@@ -109,10 +109,10 @@ def _paper(target_id: str) -> pd.DataFrame:
     return p[p.id == target_id]
 
 
-def _write_table(table: pd.DataFrame, path: Path, title: str, note: str) -> list[Path]:
+def _write_table(csv: pd.DataFrame, md: pd.DataFrame, path: Path, title: str, note: str) -> list[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(path.with_suffix(".csv"), index=False)
-    md = [f"# {title}", "", note, "", _markdown(table), ""]
+    csv.to_csv(path.with_suffix(".csv"), index=False)
+    md = [f"# {title}", "", note, "", _markdown(md), ""]
     path.with_suffix(".md").write_text("\n".join(md))
     return [path.with_suffix(".md"), path.with_suffix(".csv")]
 
@@ -285,9 +285,10 @@ def seeds_table(target, df, profile):
 
 
 def ali_table(target, df, profile):
-    """ALI Tables II-IV: final accuracy per method (rows) and (dataset, block, ε) (columns)."""
+    """ALI Tables II-IV in the paper's layout: a row per method (ALI-DPFL, τ = ...), a column per
+    (dataset, block, ε), each cell "ours / paper"; the CSV has one row per run."""
     paper = _paper(target.id)
-    df = df.assign(block=[_ali_block(r) for r in df.itertuples()])
+    df = df.assign(block=[_ali_block(r.epsilon, r.rounds) for r in df.itertuples()])
     rows, comp = [], []
     for r in df.dropna(subset=["final_acc"]).itertuples():
         hit = paper[(paper.dataset == r.dataset) & (paper.row == r.method)
@@ -297,12 +298,29 @@ def ali_table(target, df, profile):
                      "R_s": r.rounds, "final acc % (ours)": r.final_acc, "paper": pv,
                      "diff": None if pv is None else r.final_acc - pv})
         comp.append((f"{r.dataset} {r.block} ε={r.epsilon} {r.method}", r.final_acc, pv))
-    return pd.DataFrame(rows), _comparison(comp), None
+    long = pd.DataFrame(rows)
+    if long.empty:
+        return long, _comparison(comp), None
+    cell = [f"{o:.2f} / {_num(p)}" for o, p in zip(long["final acc % (ours)"], long.paper, strict=True)]
+    wide = long.assign(cell=cell, col=[f"{d} {b} ε={e}".replace("  ", " ") for d, b, e in
+                                       zip(long.dataset, long.block, long.epsilon, strict=True)])
+    order = ["ali_dpfl", *sorted((m for m in wide.method.unique() if m != "ali_dpfl"), key=lambda m: int(m[4:]))]
+    wide = wide.pivot(index="method", columns="col", values="cell").reindex(order).reset_index()
+    return (long, wide.rename(columns={"method": "method (ours / paper, %)"})), _comparison(comp), None
 
 
-def _ali_block(r) -> str:
-    rc = {1.55: 79, 1.65: 122, 1.75: 177, 1.85: 231, 2.0: 317}.get(float(r.epsilon))
-    return "R_s=R_c" if rc == r.rounds else "R_s=2R_c" if rc and 2 * rc >= r.rounds > rc else ""
+def _num(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
+def _ali_block(epsilon: float, rounds: int) -> str:
+    """Table II's blocks: R_s = R_c, or R_s above R_c (the paper's "R_s = 2R_c"); R_c as ALI Sec. VI-B
+    states it for each ε. Tables III and IV have one block each (empty label)."""
+    p = paper_numbers()
+    rc = p[(p.id == "ALIDPFL-TEXT6B") & (p.column == f"epsilon={float(epsilon)!r}")].value
+    if rc.empty or rounds < rc.iloc[0]:
+        return ""
+    return "R_s=R_c" if rounds == rc.iloc[0] else "R_s=2R_c"
 
 
 def acc_vs_tau(target, df, profile):
@@ -379,7 +397,8 @@ def draw(target, profile: str, store_dir: Path) -> list[Path]:
     base = OUT / profile / target.slug
     title = f"{target.id}: {target.title}"
     note = caption(df, profile)
-    out = _write_table(table, base, title, note)
+    csv, md = table if isinstance(table, tuple) else (table, table)   # a kind may lay out the .md differently
+    out = _write_table(csv, md, base, title, note)
     if fig is not None:
         out += _save(fig, base, title, note)
     return out
