@@ -304,8 +304,8 @@ def ali_table(target, df, profile):
     cell = [f"{o:.2f} / {_num(p)}" for o, p in zip(long["final acc % (ours)"], long.paper, strict=True)]
     wide = long.assign(cell=cell, col=[f"{d} {b} ε={e}".replace("  ", " ") for d, b, e in
                                        zip(long.dataset, long.block, long.epsilon, strict=True)])
-    order = ["ali_dpfl", *sorted((m for m in wide.method.unique() if m != "ali_dpfl"), key=lambda m: int(m[4:]))]
-    wide = wide.pivot(index="method", columns="col", values="cell").reindex(order).reset_index()
+    order = ["ali_dpfl", *sorted((m for m in wide.method.unique() if m != "ali_dpfl"), key=lambda m: (len(m), m))]
+    wide = wide.pivot_table(index="method", columns="col", values="cell", aggfunc="first").reindex(order).reset_index()
     return (long, wide.rename(columns={"method": "method (ours / paper, %)"})), _comparison(comp), None
 
 
