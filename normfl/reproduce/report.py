@@ -18,16 +18,18 @@ is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
   spec's resolution), to save time; tables reading the final round are unaffected, "highest
   accuracy" cells are maxima over the evaluated rounds.
 - **quick**: a scaled version for this CPU (fewer rounds, grid points and seeds; a test subset),
-  defined in each experiment file's `quick:` block. Its numbers are not comparable to the paper's.
+  defined in the experiment files' `quick:` blocks. Its numbers are not compared with the paper's.
 
 Data: CIFAR-10 results come from the JPEG copy in `../shared/data` (labelled so in every run's
-summary); Fashion-MNIST is exact. Status: **reproduced** (every compared number within the
-tolerance), **deviates** (cause given), **partial** (some runs of the grid missing), **quick profile
-only**, **not run**.
+summary); Fashion-MNIST is exact. Status, from the paper profile's runs: **reproduced** (every
+compared number within the tolerance), **deviates** (cause given), **partial** (some runs of the grid
+not trained yet; the comparison covers the stored ones), **drawn** (the paper prints no number for
+it), **quick profile only**, **not run**. Wall times are the sum over a grid's stored runs.
 """
 
 
 def _status(df, comp, tol) -> str:
+    """The paper profile's status from its runs and their comparison with the paper."""
     if df.empty or not df.status.isin(store.FINISHED).any():
         return "not run"
     if not df.status.isin(store.FINISHED).all():
@@ -42,28 +44,34 @@ def _fmt(v) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
+def _runs(df) -> str:
+    done = df[df.status.isin(store.FINISHED)]
+    wall = done["wall"].sum() / 60 if "wall" in done and len(done) else 0.0
+    return f"{len(done)}/{len(df)} runs stored, {wall:.0f} min of training"
+
+
 def section(t: targets.Target, store_dir: Path) -> list[str]:
-    out = [f"## {t.id}: {t.title}", ""]
-    for profile in store.PROFILES:
-        df, _, comp, _ = figures.compare(t, profile, store_dir)
-        st = _status(df, comp, t.tolerance)
-        done = df[df.status.isin(store.FINISHED)]
-        wall = done["wall"].sum() if "wall" in done else 0.0
-        line = f"- **{profile}**: {st}; `make {t.slug} profile={profile}` ({len(df)} runs"
-        line += f", {wall / 60:.0f} min of training stored)" if len(done) else ")"
-        out.append(line)
-        compared = comp.dropna(subset=["ours", "paper"])
-        if len(compared):
-            first = compared.iloc[0]
-            worst = compared.loc[compared["diff"].abs().idxmax()]
-            out.append(f"  - {first.what}: ours {_fmt(first.ours)}, paper {_fmt(first.paper)}; "
-                       f"largest |diff| over {len(compared)} numbers: {_fmt(abs(worst['diff']))} ({worst.what})")
-        if profile == "paper" and st == "deviates" and t.cause:
-            out.append(f"  - cause: {t.cause}")
-        if st != "not run":
-            out.append(f"  - table/figure: `docs/reproduction/{profile}/{t.slug}.*`")
-    out += [f"- tolerance: ±{t.tolerance:g} points ({t.why})", ""]
-    return out
+    paper_df, _, comp, _ = figures.compare(t, "paper", store_dir)
+    quick_df = figures.runs(t, "quick", store_dir)
+    status = _status(paper_df, comp, t.tolerance)
+    if status == "not run" and quick_df.status.isin(store.FINISHED).any():
+        status = "quick profile only"
+    out = [f"## {t.id}: {t.title}", "", f"- status: **{status}**; tolerance ±{t.tolerance:g} pt ({t.why})"]
+    compared = comp.dropna(subset=["ours", "paper"])
+    if len(compared):
+        first = compared.iloc[0]
+        worst = compared.loc[compared["diff"].abs().idxmax()]
+        out.append(f"- ours vs paper: {first.what}: {_fmt(first.ours)} vs {_fmt(first.paper)}; largest |diff| "
+                   f"over {len(compared)} numbers: {_fmt(abs(worst['diff']))} ({worst.what})")
+    if status == "deviates" or (status.startswith("partial") and (compared["diff"].abs() > t.tolerance).any()):
+        out.append(f"- cause: {t.cause or 'not found yet'}")
+    out.append(f"- paper profile: `make {t.slug}` ({_runs(paper_df)})")
+    out.append(f"- quick profile: `make {t.slug} profile=quick` ({_runs(quick_df)})")
+    drawn = [f"`docs/reproduction/{p}/{t.slug}.*`" for p, d in (("paper", paper_df), ("quick", quick_df))
+             if d.status.isin(store.FINISHED).any()]
+    if drawn:
+        out.append(f"- figure/table: {', '.join(drawn)}")
+    return [*out, ""]
 
 
 def write(store_dir: Path, path: Path | None = None) -> Path:

@@ -113,22 +113,31 @@ def _settings(cfg: DictConfig, profile: str) -> dict:
 
 
 @functools.cache
+def compose(overrides: tuple[str, ...]) -> DictConfig:
+    """The root config with these overrides (composed once per process: figures share runs)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not GlobalHydra.instance().is_initialized():
+        initialize_config_dir(config_dir=str(CONF), version_base="1.3")
+    return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+@functools.cache
 def jobs(name: str, profile: str) -> list[Job]:
-    """Every run of an experiment's grid, with its resolved config and store key (composed once).
+    """Every run of an experiment's grid, with its resolved config and store key.
 
     A run's profile settings are its run group's (``paper.set`` / ``quick.set`` in the experiment
     file it is composed from, or in that file's defaults), then the ID file's own."""
-    from hydra import compose, initialize_config_dir
-
     own = _settings(load_experiment(name), profile)
     out = []
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        for point in grid_points(name, profile):
-            overrides = [f"{k}={value_text(v)}" for k, v in point.items()]
-            settings = {**_settings(compose(config_name="config", overrides=overrides), profile), **own}
-            overrides += [f"{k}={value_text(v)}" for k, v in settings.items()] + [f"profile={profile}"]
-            cfg = compose(config_name="config", overrides=overrides)
-            out.append(Job(name, point, overrides, config_key(cfg), cfg))
+    for point in grid_points(name, profile):
+        overrides = [f"{k}={value_text(v)}" for k, v in point.items()]
+        settings = {**_settings(compose(tuple(overrides)), profile), **own}
+        overrides += [f"{k}={value_text(v)}" for k, v in settings.items()] + [f"profile={profile}"]
+        cfg = compose(tuple(overrides))
+        out.append(Job(name, point, overrides, config_key(cfg), cfg))
     unique = {job.key: job for job in reversed(out)}          # blocks may overlap: first one wins
     return [job for job in out if unique[job.key] is job]
 

@@ -45,6 +45,10 @@ ALI_CAUSE = ("Per-sample gradient norms of the CNN are about 3.8 at the start, s
              "paper; the level does not.")
 NFA_TOL = dict(tolerance=1.0, why="3 seeds (paper std ≤ 0.15); unstated details (batch order, the "
                "sampler's dropped tail) move the mean by a few tenths")
+NFA_BIN_CAUSE = ("Seed 0 only so far. The Binomial column trains 1.7 points better than the paper's (19.11 vs "
+                 "20.82) while both QTDL columns are within 0.5; its N = 2,843,701 and t = 23 match App. B.8 "
+                 "exactly (tests/test_qtdl.py), so the gap is in training, not in the mechanism's parameters. "
+                 "Not resolved.")
 NFA_CIFAR_TOL = dict(tolerance=2.0, why="3 seeds; CIFAR-10 from the JPEG copy")
 
 # Line colours and styles the captions state (NORMEC-F1: β = 0.01 blue, 0.1 green, 1.0 orange, 10
@@ -118,8 +122,9 @@ TARGETS = {t.id: t for t in (
            "seeds_table", **NFA_TOL, draw=NO_FIGURE),
     Target("NORMFEDAVG-F2", "normfedavg_f2", "FMNIST: DP-NormFedAvg vs clipping, curves", "seeds_table", **NFA_TOL),
     Target("NORMFEDAVG-T4", "normfedavg_t4", "FMNIST: Binomial vs QTDL, bits and last-5 test error",
-           "seeds_table", **NFA_TOL, draw=NO_FIGURE),
-    Target("NORMFEDAVG-F3", "normfedavg_f3", "FMNIST: Binomial vs QTDL, curves", "seeds_table", **NFA_TOL),
+           "seeds_table", **NFA_TOL, cause=NFA_BIN_CAUSE, draw=NO_FIGURE),
+    Target("NORMFEDAVG-F3", "normfedavg_f3", "FMNIST: Binomial vs QTDL, curves", "seeds_table", **NFA_TOL,
+           cause=NFA_BIN_CAUSE),
     Target("NORMFEDAVG-T5", "normfedavg_t5", "CIFAR-10, aggregate-level DP: DP-NormFedAvg vs clipping",
            "seeds_table", **NFA_CIFAR_TOL, draw=NO_FIGURE),
     Target("NORMFEDAVG-F4", "normfedavg_f4", "CIFAR-10, aggregate-level DP: curves", "seeds_table", **NFA_CIFAR_TOL),
