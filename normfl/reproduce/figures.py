@@ -133,8 +133,8 @@ def _save(fig, path: Path, title: str, note: str) -> list[Path]:
     fig.suptitle(f"{title}\n{note.replace('**', '')}", fontsize=8)
     fig.tight_layout()
     out = [path.with_suffix(".png"), path.with_suffix(".pdf")]
-    for p in out:
-        fig.savefig(p, dpi=120)
+    for p in out:                        # no timestamps: a redraw of the same runs is byte-identical
+        fig.savefig(p, dpi=120, metadata={"CreationDate": None} if p.suffix == ".pdf" else {})
     plt.close(fig)
     return out
 
@@ -395,6 +395,8 @@ def draw(target, profile: str, store_dir: Path) -> list[Path]:
     if table is None:
         return []
     base = OUT / profile / target.slug
+    for old in base.parent.glob(f"{target.slug}.*"):       # no stale figure from an earlier layout
+        old.unlink()
     title = f"{target.id}: {target.title}"
     note = caption(df, profile)
     csv, md = table if isinstance(table, tuple) else (table, table)   # a kind may lay out the .md differently
