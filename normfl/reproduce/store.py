@@ -84,15 +84,13 @@ def grid_points(name: str, profile: str) -> list[dict]:
         raise ConfigError("profile", profile, " | ".join(PROFILES))
     spec = load_experiment(name)
     blocks = OmegaConf.to_container(spec.get("grid") or [{}], resolve=False)
-    quick = OmegaConf.to_container(OmegaConf.select(spec, "quick.grid", default=None) or OmegaConf.create())
+    quick = OmegaConf.select(spec, "quick.grid", default=None) if profile == "quick" else None
+    replace = OmegaConf.to_container(quick) if quick is not None else {}
     points = []
     for block in blocks:
-        if profile == "quick":
-            block = {k: quick.get(k, v) for k, v in block.items()}
-        for experiment in block.get("experiment", [name]):
+        for experiment in replace.get("experiment", block.get("experiment", [name])):
             lists = {**sweep(experiment), **{k: v for k, v in block.items() if k != "experiment"}}
-            if profile == "quick":
-                lists = {k: quick.get(k, v) for k, v in lists.items()}
+            lists = {k: replace.get(k, v) for k, v in lists.items()}
             for values in itertools.product(*lists.values()):
                 points.append({"experiment": experiment, **dict(zip(lists, values, strict=True))})
     return points
