@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-SUMMARY = ("status", "data", "final_round", "final_test_acc", "best_test_acc", "last5_mean_test_acc",
+SUMMARY = ("status", "profile", "data", "final_round", "final_test_acc", "best_test_acc", "last5_mean_test_acc",
            "final_train_loss", "bits_per_coord", "backend", "threads", "wall_time_s", "seconds_per_round")
 
 

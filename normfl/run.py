@@ -137,7 +137,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
             np.save(fh, x.cpu().numpy())
         tmp.replace(out_dir / "params.npy")
     return rec.summary({
-        "status": status, "algo": cfg.algo.name, "data": ds.label, "data_source": ds.source,
+        "status": status, "profile": cfg.profile, "algo": cfg.algo.name, "data": ds.label, "data_source": ds.source,
         "split": ds.split, "train_size": len(ds.y_train), "test_size": len(ds.y_test),
         "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": flat.dim,
         "backend": engine.backend, "device": str(device), "threads": torch.get_num_threads(),

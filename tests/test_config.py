@@ -50,7 +50,7 @@ def test_default_is_normec_setup():
     ("model.norm=layer", "model.norm"), ("privacy.noise_on=server", "privacy.noise_on"),
     ("dataset=npz", "dataset.path"), ("partition=dirichlet", None), ("partition.alpha=0", "partition.alpha"),
     ("privacy.calibration=exact", "privacy.calibration"), ("privacy.neighbouring=swap", "privacy.neighbouring"),
-    ("accountant=pld", None), ("accountant.name=prv", "accountant.name"),
+    ("accountant=pld", None), ("accountant.name=prv", "accountant.name"), ("profile=fast", "profile"),
 ])
 def test_validation_names_key_value_and_rule(override, key):
     if override == "partition.alpha=0":
