@@ -87,10 +87,13 @@ def curve(run_dir: Path) -> pd.DataFrame:
 
 def caption(df: pd.DataFrame, profile: str) -> str:
     done = df[df.status.isin(store.FINISHED)]
-    data = ", ".join(sorted(set(done["data"].dropna()))) if "data" in done else ""
-    return (f"profile **{profile}**; {len(done)} of {len(df)} runs stored"
-            f"{', ' + str((df.status == 'diverged').sum()) + ' diverged' if (df.status == 'diverged').any() else ''}; "
-            f"data: {data or 'none yet'}")
+    parts = [f"profile **{profile}**", f"{len(done)} of {len(df)} runs stored"]
+    if (df.status == "diverged").any():
+        parts.append(f"{(df.status == 'diverged').sum()} diverged")
+    parts.append("data: " + (", ".join(sorted(set(done["data"].dropna()))) if "data" in done else "none yet"))
+    if profile == "quick":
+        parts.append("a scaled run: its numbers are not comparable with the paper's")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------- selection rules (spec normec.md §5.4)
@@ -148,8 +151,10 @@ def _comparison(rows: list[tuple[str, float | None, float | None]]) -> pd.DataFr
 # ---------------------------------------------------------------- the kinds of figures and tables
 def best_table(target, df, profile):
     """NORMEC-T2 / F8 / F11: per method and β, the γ with the best final accuracy, and that accuracy."""
-    best = tuned(df, ["method", "beta"])
     paper = _paper(target.id)
+    order = {m: i for i, m in enumerate(dict.fromkeys(paper.block))}       # the paper's row order
+    best = tuned(df, ["method", "beta"])
+    best = best.sort_values(["method", "beta"], key=lambda c: c.map(order).fillna(99) if c.name == "method" else c)
     rows = []
     for r in best.itertuples():
         def pv(column, r=r):
