@@ -59,7 +59,8 @@ def section(t: targets.Target, store_dir: Path) -> list[str]:
     out = [f"## {t.id}: {t.title}", "", f"- status: **{status}**; tolerance ±{t.tolerance:g} pt ({t.why})"]
     compared = comp.dropna(subset=["ours", "paper"])
     if len(compared):
-        first = compared.iloc[0]
+        lead = compared[compared.what.str.contains(t.headline, regex=False)] if t.headline else compared
+        first = (lead if len(lead) else compared).iloc[0]
         worst = compared.loc[compared["diff"].abs().idxmax()]
         out.append(f"- ours vs paper: {first.what}: {_fmt(first.ours)} vs {_fmt(first.paper)}; largest |diff| "
                    f"over {len(compared)} numbers: {_fmt(abs(worst['diff']))} ({worst.what})")
