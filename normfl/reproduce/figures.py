@@ -368,7 +368,7 @@ def transmissions(target, df, profile):
         ax_l.plot(m.transmissions_total, m.train_loss, label=f"p={r.p}")
         reach = acc[100 * acc.test_acc >= 65.0]
         ours = float(reach.transmissions_total.iloc[0]) if len(reach) else None
-        hit = paper[paper.block == f"p={float(r.p)!r}"]
+        hit = paper[paper.row == f"p={float(r.p)!r}"]
         pv = float(hit.value.iloc[0]) if len(hit) else None
         rows.append({"p": r.p, "tuned gamma": r.gamma, "best acc %": r.best_acc,
                      "transmissions to 65% (ours)": ours, "paper": pv})
