@@ -97,13 +97,20 @@ def caption(df: pd.DataFrame, profile: str) -> str:
 
 
 # ---------------------------------------------------------------- selection rules (spec normec.md §5.4)
-def tuned(df: pd.DataFrame, by: list[str], score: str = "final_acc", lower: bool = False) -> pd.DataFrame:
-    """For each group of ``by``, the run with the best ``score`` (the papers' "tuned γ")."""
-    ok = df.dropna(subset=[score])
+def tuned(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """For each group of ``by``, the run with the best final test accuracy (the papers' "tuned γ";
+    diverged runs have none and are never chosen)."""
+    ok = df.dropna(subset=["final_acc"])
     if ok.empty:
         return ok
-    idx = ok.groupby(by, dropna=False)[score].idxmin() if lower else ok.groupby(by, dropna=False)[score].idxmax()
-    return ok.loc[idx.values].sort_values(by)
+    return ok.loc[ok.groupby(by, dropna=False)["final_acc"].idxmax().values].sort_values(by)
+
+
+def fmt(v) -> str:
+    """A table cell: numbers with two decimals, "–" where there is none."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
 # ---------------------------------------------------------------- writers
@@ -121,13 +128,8 @@ def _write_table(csv: pd.DataFrame, md: pd.DataFrame, path: Path, title: str, no
 
 
 def _markdown(table: pd.DataFrame) -> str:
-    def cell(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "–"
-        return f"{v:.2f}" if isinstance(v, float) else str(v)
-
     lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join(lines)
 
 
@@ -306,16 +308,12 @@ def ali_table(target, df, profile):
     long = pd.DataFrame(rows)
     if long.empty:
         return long, _comparison(comp), None
-    cell = [f"{o:.2f} / {_num(p)}" for o, p in zip(long["final acc % (ours)"], long.paper, strict=True)]
+    cell = [f"{fmt(o)} / {fmt(p)}" for o, p in zip(long["final acc % (ours)"], long.paper, strict=True)]
     wide = long.assign(cell=cell, col=[f"{d} {b} ε={e}".replace("  ", " ") for d, b, e in
                                        zip(long.dataset, long.block, long.epsilon, strict=True)])
     order = ["ali_dpfl", *sorted((m for m in wide.method.unique() if m != "ali_dpfl"), key=lambda m: (len(m), m))]
     wide = wide.pivot_table(index="method", columns="col", values="cell", aggfunc="first").reindex(order).reset_index()
     return (long, wide.rename(columns={"method": "method (ours / paper, %)"})), _comparison(comp), None
-
-
-def _num(v) -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
 def _ali_block(epsilon: float, rounds: int) -> str:

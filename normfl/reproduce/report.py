@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from normfl.reproduce import figures, store, targets
+from normfl.reproduce.figures import fmt
 
 HEADER = """# Reproduction status
 
@@ -40,10 +40,6 @@ def _status(df, comp, tol) -> str:
     return "reproduced" if (diffs <= tol).all() else "deviates"
 
 
-def _fmt(v) -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
-
-
 def _runs(df) -> str:
     done = df[df.status.isin(store.FINISHED)]
     wall = done["wall"].sum() / 60 if "wall" in done and len(done) else 0.0
@@ -62,8 +58,8 @@ def section(t: targets.Target, store_dir: Path) -> list[str]:
         lead = compared[compared.what.str.contains(t.headline, regex=False)] if t.headline else compared
         first = (lead if len(lead) else compared).iloc[0]
         worst = compared.loc[compared["diff"].abs().idxmax()]
-        out.append(f"- ours vs paper: {first.what}: {_fmt(first.ours)} vs {_fmt(first.paper)}; largest |diff| "
-                   f"over {len(compared)} numbers: {_fmt(abs(worst['diff']))} ({worst.what})")
+        out.append(f"- ours vs paper: {first.what}: {fmt(first.ours)} vs {fmt(first.paper)}; largest |diff| "
+                   f"over {len(compared)} numbers: {fmt(abs(worst['diff']))} ({worst.what})")
     if status == "deviates" or (status.startswith("partial") and (compared["diff"].abs() > t.tolerance).any()):
         out.append(f"- cause: {t.cause or 'not found yet'}")
     out.append(f"- paper profile: `make {t.slug}` ({_runs(paper_df)})")
