@@ -115,11 +115,9 @@ def compose(overrides: tuple[str, ...]) -> DictConfig:
     """The root config with these overrides (composed once per process: figures share runs)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
-    if not GlobalHydra.instance().is_initialized():
-        initialize_config_dir(config_dir=str(CONF), version_base="1.3")
-    return hydra_compose(config_name="config", overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):   # leaves Hydra as it found it
+        return hydra_compose(config_name="config", overrides=list(overrides))
 
 
 @functools.cache
