@@ -108,7 +108,7 @@ def tuned(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def fmt(v) -> str:
     """A table cell: numbers with two decimals, "–" where there is none."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if v is None or pd.isna(v):
         return "–"
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
@@ -271,8 +271,9 @@ def seeds_table(target, df, profile):
     for p in paper[paper.metric == "test_error_reduction_pct"].itertuples():   # "QTDL is 3% better than ..."
         ours = means.get((p.dataset, p.column[3:]), math.nan) - means.get((p.dataset, p.row), math.nan)
         comp.append((f"{p.dataset} {p.row} {p.column}: test error reduction (points)", ours, p.value))
+    table = pd.DataFrame(rows).astype({"t (paper)": "Int64"}) if rows else pd.DataFrame(rows)   # bits are integers
     if not target.draw.get("figure", True):
-        return pd.DataFrame(rows), _comparison(comp), None
+        return table, _comparison(comp), None
     done = df[df.status == "completed"]
     datasets = list(dict.fromkeys(done.dataset))
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.6 * len(datasets)), squeeze=False)
@@ -288,7 +289,7 @@ def seeds_table(target, df, profile):
         row_axes[1].set_ylabel(f"{ds}: test error (%)"), row_axes[1].legend(fontsize=7)
         for ax in row_axes:
             ax.set_xlabel("communication round")
-    return pd.DataFrame(rows), _comparison(comp), fig
+    return table, _comparison(comp), fig
 
 
 def ali_table(target, df, profile):
