@@ -122,7 +122,8 @@ def _paper(target_id: str) -> pd.DataFrame:
 def _write_table(csv: pd.DataFrame, md: pd.DataFrame, path: Path, title: str, note: str) -> list[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     csv.to_csv(path.with_suffix(".csv"), index=False)
-    md = [f"# {title}", "", note, "", _markdown(md), ""]
+    body = _markdown(md) if len(md.columns) else "No run finished without diverging."
+    md = [f"# {title}", "", note, "", body, ""]
     path.with_suffix(".md").write_text("\n".join(md))
     return [path.with_suffix(".md"), path.with_suffix(".csv")]
 
@@ -272,10 +273,10 @@ def seeds_table(target, df, profile):
         ours = means.get((p.dataset, p.column[3:]), math.nan) - means.get((p.dataset, p.row), math.nan)
         comp.append((f"{p.dataset} {p.row} {p.column}: test error reduction (points)", ours, p.value))
     table = pd.DataFrame(rows).astype({"t (paper)": "Int64"}) if rows else pd.DataFrame(rows)   # bits are integers
-    if not target.draw.get("figure", True):
-        return table, _comparison(comp), None
     done = df[df.status == "completed"]
     datasets = list(dict.fromkeys(done.dataset))
+    if not target.draw.get("figure", True) or not datasets:      # nothing to draw when every run diverged
+        return table, _comparison(comp), None
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.6 * len(datasets)), squeeze=False)
     for row_axes, ds in zip(axes, datasets, strict=True):      # one row per dataset, as NFA Fig. 5 a-d
         for m, runs_ in done[done.dataset == ds].groupby("method", sort=False):
