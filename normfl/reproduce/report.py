@@ -60,7 +60,11 @@ def section(t: targets.Target, store_dir: Path) -> list[str]:
         worst = compared.loc[compared["diff"].abs().idxmax()]
         out.append(f"- ours vs paper: {first.what}: {fmt(first.ours)} vs {fmt(first.paper)}; largest |diff| "
                    f"over {len(compared)} numbers: {fmt(abs(worst['diff']))} ({worst.what})")
-    if status == "deviates" or (status.startswith("partial") and (compared["diff"].abs() > t.tolerance).any()):
+    diverged = {p: int((d.status == "diverged").sum()) for p, d in (("paper", paper_df), ("quick", quick_df))}
+    if any(diverged.values()):
+        out.append(f"- diverged runs: {diverged['paper']} (paper profile), {diverged['quick']} (quick profile)")
+    beyond = status.startswith("partial") and (compared["diff"].abs() > t.tolerance).any()
+    if status == "deviates" or beyond or any(diverged.values()):
         out.append(f"- cause: {t.cause or 'not found yet'}")
     out.append(f"- paper profile: `make {t.slug}` ({_runs(paper_df)})")
     out.append(f"- quick profile: `make {t.slug} profile=quick` ({_runs(quick_df)})")
