@@ -204,3 +204,10 @@ def test_paper_numbers_returns_a_copy():
     a = paper_numbers()
     a.loc[:, "value"] = -1.0
     assert paper_value("NORMFEDAVG-T6", dataset="fashion_mnist", row="normfedavg") == 11.21
+
+
+def test_paper_value_default_and_std():
+    assert paper_value("NORMFEDAVG-T6", dataset="fashion_mnist", row="fedavg", field="std") == pytest.approx(0.03)
+    assert paper_value("NORMEC-T2", block="normec_sn", row="beta=0.5", default=None) is None   # not printed
+    with pytest.raises(KeyError, match="rows match"):                                        # ambiguous stays an error
+        paper_value("NORMEC-T2", block="normec_sn", default=None)

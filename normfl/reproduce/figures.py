@@ -20,7 +20,7 @@ import pandas as pd  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from normfl.reproduce import store  # noqa: E402
-from normfl.reproduce.paper import paper_numbers  # noqa: E402
+from normfl.reproduce.paper import paper_numbers, paper_value  # noqa: E402
 
 OUT = store.ROOT / "docs" / "reproduction"
 DATASETS = {"load_cifar10": "cifar10", "load_fashion_mnist": "fashion_mnist"}
@@ -161,11 +161,11 @@ def best_table(target, df, profile):
     rows = []
     for r in best.itertuples():
         def pv(column, r=r):
-            hit = paper[(paper.block == r.method) & (paper.row == f"beta={float(r.beta)!r}") & (paper.column == column)]
-            return float(hit.value.iloc[0]) if len(hit) else None
+            return paper_value(target.id, block=r.method, row=f"beta={float(r.beta)!r}", column=column, default=None)
+        acc = pv("final_accuracy")
         rows.append({"method": r.method, "beta": r.beta, "gamma (ours)": r.gamma, "gamma (paper)": pv("gamma"),
-                     "final acc % (ours)": r.final_acc, "paper": pv("final_accuracy"),
-                     "diff": None if pv("final_accuracy") is None else r.final_acc - pv("final_accuracy")})
+                     "final acc % (ours)": r.final_acc, "paper": acc,
+                     "diff": None if acc is None else r.final_acc - acc})
     table = pd.DataFrame(rows)
     comp = _comparison([(f"{r['method']} β={r['beta']} final acc", r["final acc % (ours)"], r["paper"]) for r in rows])
     return table, comp, None
@@ -192,23 +192,21 @@ def heatmap(target, df, profile):
         for (i, j), v in pd.DataFrame(g.values).stack().items():
             ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7, color="w")
         fig.colorbar(im, ax=ax, fraction=0.046)
-    paper = _paper(target.id)
     cells, comp = [], []
     for name, g in grids.items():
         for r in g.index:
             for c in g.columns:
-                hit = paper[(paper.row == f"{rows_key}={float(r)!r}") & (paper.column == f"{cols_key}={float(c)!r}")
-                            & (paper.metric == "highest_test_accuracy_pct")]
-                pv = float(hit.value.iloc[0]) if len(hit) else None
+                pv = paper_value(target.id, row=f"{rows_key}={float(r)!r}", column=f"{cols_key}={float(c)!r}",
+                                 metric="highest_test_accuracy_pct", default=None)
                 cells.append({"panel": name, rows_key: r, cols_key: c, "ours": g.loc[r, c], "paper": pv,
                               "diff": None if pv is None else g.loc[r, c] - pv})
                 if pv is not None:
                     comp.append((f"{name} {rows_key}={r:g} {cols_key}={c:g}", g.loc[r, c], pv))
     for m in (m for m in methods if m in grids):     # the peaks the text states (NORMEC-F4: 77.56 / 72.21)
-        hit = paper[(paper.block == {"normec_sn": "with_sn", "normec_no_sn": "no_sn"}.get(m, m))
-                    & (paper.row == f"{rows_key}=all") & (paper.metric == "highest_test_accuracy_pct")]
-        if len(hit):
-            comp.insert(0, (f"{m} peak", grids[m].values.max(), float(hit.value.iloc[0])))
+        peak = paper_value(target.id, block={"normec_sn": "with_sn", "normec_no_sn": "no_sn"}.get(m, m),
+                           row=f"{rows_key}=all", metric="highest_test_accuracy_pct", default=None)
+        if peak is not None:
+            comp.insert(0, (f"{m} peak", grids[m].values.max(), peak))
     return pd.DataFrame(cells), _comparison(comp), fig
 
 
@@ -259,9 +257,8 @@ def seeds_table(target, df, profile):
     g = df.dropna(subset=["last5_err"]).groupby(["dataset", "method"], sort=False)
     rows, comp = [], []
     for (ds, m), runs_ in g:
-        def pv(column, metric="value", ds=ds, m=m):
-            hit = paper[(paper.dataset == ds) & (paper.row == m) & (paper.column == column)]
-            return float(hit[metric].iloc[0]) if len(hit) else None
+        def pv(column, field="value", ds=ds, m=m):
+            return paper_value(target.id, dataset=ds, row=m, column=column, field=field, default=None)
         err, sd = runs_.last5_err.mean(), runs_.last5_err.std() if len(runs_) > 1 else float("nan")
         rows.append({"dataset": ds, "column": m, "seeds": len(runs_), "t (ours)": runs_.bits.iloc[0],
                      "t (paper)": pv("t"), "last-5 test error % (ours)": err, "± (ours)": sd,
@@ -296,13 +293,11 @@ def seeds_table(target, df, profile):
 def ali_table(target, df, profile):
     """ALI Tables II-IV in the paper's layout: a row per method (ALI-DPFL, τ = ...), a column per
     (dataset, block, ε), each cell "ours / paper"; the CSV has one row per run."""
-    paper = _paper(target.id)
     df = df.assign(block=[_ali_block(r.epsilon, r.rounds) for r in df.itertuples()])
     rows, comp = [], []
     for r in df.dropna(subset=["final_acc"]).itertuples():
-        hit = paper[(paper.dataset == r.dataset) & (paper.row == r.method)
-                    & (paper.column == f"epsilon={float(r.epsilon)!r}") & paper.block.isin([r.block, ""])]
-        pv = float(hit.value.iloc[0]) if len(hit) else None
+        pv = paper_value(target.id, dataset=r.dataset, block=r.block, row=r.method,
+                         column=f"epsilon={float(r.epsilon)!r}", default=None)
         rows.append({"dataset": r.dataset, "block": r.block, "epsilon": r.epsilon, "method": r.method,
                      "R_s": r.rounds, "final acc % (ours)": r.final_acc, "paper": pv,
                      "diff": None if pv is None else r.final_acc - pv})
@@ -321,11 +316,10 @@ def ali_table(target, df, profile):
 def _ali_block(epsilon: float, rounds: int) -> str:
     """Table II's blocks: R_s = R_c, or R_s above R_c (the paper's "R_s = 2R_c"); R_c as ALI Sec. VI-B
     states it for each ε. Tables III and IV have one block each (empty label)."""
-    p = paper_numbers()
-    rc = p[(p.id == "ALIDPFL-TEXT6B") & (p.column == f"epsilon={float(epsilon)!r}")].value
-    if rc.empty or rounds < rc.iloc[0]:
+    rc = paper_value("ALIDPFL-TEXT6B", column=f"epsilon={float(epsilon)!r}", default=None)
+    if rc is None or rounds < rc:
         return ""
-    return "R_s=R_c" if rounds == rc.iloc[0] else "R_s=2R_c"
+    return "R_s=R_c" if rounds == rc else "R_s=2R_c"
 
 
 def acc_vs_tau(target, df, profile):
@@ -360,7 +354,7 @@ def transmissions(target, df, profile):
     sel = df[df.beta.astype(float) == 0.01]
     best = tuned(sel, ["p"])
     fig, (ax_a, ax_l) = plt.subplots(1, 2, figsize=(10, 4))
-    paper, comp, rows = _paper(target.id), [], []
+    comp, rows = [], []
     for r in best.itertuples():
         m = curve(r.dir)
         acc = m.dropna(subset=["test_acc"])
@@ -368,8 +362,7 @@ def transmissions(target, df, profile):
         ax_l.plot(m.transmissions_total, m.train_loss, label=f"p={r.p}")
         reach = acc[100 * acc.test_acc >= 65.0]
         ours = float(reach.transmissions_total.iloc[0]) if len(reach) else None
-        hit = paper[paper.row == f"p={float(r.p)!r}"]
-        pv = float(hit.value.iloc[0]) if len(hit) else None
+        pv = paper_value(target.id, row=f"p={float(r.p)!r}", default=None)
         rows.append({"p": r.p, "tuned gamma": r.gamma, "best acc %": r.best_acc,
                      "transmissions to 65% (ours)": ours, "paper": pv})
         if pv is not None:

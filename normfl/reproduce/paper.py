@@ -91,6 +91,7 @@ CSV_NAME = "paper_numbers.csv"
 TEXT_COLUMNS = ("id", "dataset", "block", "row", "column", "metric", "source", "note")
 KEY_COLUMNS = ("id", "dataset", "block", "row", "column", "metric")
 _COLUMNS = ("id", "dataset", "block", "row", "column", "metric", "value", "std", "source", "note")
+_REQUIRED = object()      # paper_value's default: a missing number is an error
 
 
 def param_label(name: str, value: float | int | str) -> str:
@@ -147,11 +148,14 @@ def paper_value(
     row: str | None = None,
     column: str | None = None,
     metric: str | None = None,
+    field: str = "value",
+    default=_REQUIRED,
 ) -> float:
-    """The one paper number matching ``id`` and the given filters.
+    """The one paper number matching ``id`` and the given filters (its ``field``: ``value`` or ``std``).
 
     A filter left as ``None`` is not applied; ``""`` matches an empty cell. Raises ``KeyError``
-    naming the filters and the number of matches unless exactly one row matches.
+    naming the filters and the number of matches unless exactly one row matches; with a
+    ``default``, no match returns it (the paper prints no such number) and several still raise.
     """
     df = _load()
     filters = {"id": id, "dataset": dataset, "block": block, "row": row, "column": column, "metric": metric}
@@ -161,7 +165,9 @@ def paper_value(
             mask &= df[col] == want
     hits = df[mask]
     if len(hits) == 1:
-        return float(hits["value"].iloc[0])
+        return float(hits[field].iloc[0])
+    if len(hits) == 0 and default is not _REQUIRED:
+        return default
     given = ", ".join(f"{k}={v!r}" for k, v in filters.items() if v is not None)
     if len(hits) == 0:
         same_id = df[df["id"] == id]
