@@ -20,7 +20,8 @@ from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
-PROFILES = ("paper", "quick", "custom")   # how a run came about: a figure's grid (make <id>), or by hand
+GRID_PROFILES = ("paper", "quick")          # the settings a figure's grid runs with (make <id> profile=...)
+PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's grid, or by hand
 
 
 def _get(cfg: DictConfig, key: str):

@@ -61,8 +61,8 @@ def test_every_id_composes_under_both_profiles():
 
 def test_run_missing_trains_only_what_is_missing_and_records_failures(tmp_path, data_root, monkeypatch):
     monkeypatch.setenv("NORMFL_DATA", str(data_root))
-    jobs = [store.Job("t", {}, [*TINY, f"seed={s}"], key=f"k{s}") for s in (0, 1)]
-    bad = store.Job("t", {}, [*TINY, "algo.gamma=-1"], key="bad")
+    jobs = [store.Job({}, [*TINY, f"seed={s}"], key=f"k{s}") for s in (0, 1)]
+    bad = store.Job({}, [*TINY, "algo.gamma=-1"], key="bad")
     logs = []
     counts = store.run_missing([*jobs, bad], tmp_path, parallel=2, log=logs.append)
     assert counts == {"completed": 2, "failed": 1}

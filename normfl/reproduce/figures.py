@@ -8,6 +8,7 @@ same comparison rows for the report.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -77,11 +78,13 @@ def runs(target, profile: str, store_dir: Path) -> pd.DataFrame:
             if row["status"] == "diverged":       # excluded from every argmax, drawn up to divergence
                 row["final_acc"] = row["best_acc"] = None
         rows.append(row)
-    df = pd.DataFrame(rows)
-    return df.drop_duplicates("key").reset_index(drop=True)
+    return pd.DataFrame(rows)
 
 
+@functools.cache
 def curve(run_dir: Path) -> pd.DataFrame:
+    """A finished run's metrics (read once per process: figures and the report share runs; callers
+    must not modify the frame)."""
     return pd.read_csv(Path(run_dir) / "metrics.csv")
 
 
@@ -175,9 +178,8 @@ def heatmap(target, df, profile):
     """Highest test accuracy over a 2-D grid (rows ``target.draw['rows']``, columns ``['cols']``),
     one panel per method, max over every other swept value (γ for NORMEC-F2)."""
     rows_key, cols_key = target.draw.get("rows", "beta"), target.draw.get("cols", "gamma")
-    value = target.draw.get("value", "best_acc")
     methods = [m for m in target.draw.get("methods", sorted(df.method.unique())) if m in set(df.method)]
-    panels = target.draw.get("panels") or [(m, m, value, "max") for m in methods]   # (title, method, value, agg)
+    panels = target.draw.get("panels") or [(m, m, "best_acc", "max") for m in methods]  # (title, method, value, agg)
     grids = {title: df[df.method == m].pivot_table(index=rows_key, columns=cols_key, values=v, aggfunc=agg)
              for title, m, v, agg in panels if m in set(df.method)}
     if target.draw.get("difference") and len(grids) == 2:

@@ -35,11 +35,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from normfl.config import GRID_PROFILES as PROFILES
 from normfl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
-PROFILES = ("paper", "quick")
 # Keys that do not change what a run computes (where and how fast it runs, what it prints).
 NOT_IN_KEY = ("hydra", "grid", "paper", "quick", "threads", "progress", "backend", "device", "logger",
               "data_root", "offline_data", "save_params")
@@ -57,10 +57,9 @@ def value_text(v) -> str:
 
 @dataclass
 class Job:
-    experiment: str
     params: dict                       # the grid point: key -> value (incl. experiment/groups)
     overrides: list[str]               # what train.py is given
-    key: str = ""
+    key: str                           # the store folder: config_key of the resolved config
     cfg: DictConfig | None = field(default=None, repr=False)
 
     def dir(self, store: Path) -> Path:
@@ -133,7 +132,7 @@ def jobs(name: str, profile: str) -> list[Job]:
         settings = {**_settings(compose(tuple(overrides)), profile), **own}
         overrides += [f"{k}={value_text(v)}" for k, v in settings.items()] + [f"profile={profile}"]
         cfg = compose(tuple(overrides))
-        out.append(Job(name, point, overrides, config_key(cfg), cfg))
+        out.append(Job(point, overrides, config_key(cfg), cfg))
     unique = {job.key: job for job in reversed(out)}          # blocks may overlap: first one wins
     return [job for job in out if unique[job.key] is job]
 
