@@ -136,3 +136,22 @@ def test_collect_gathers_a_sweep_into_one_table(tmp_path, data_root):
     table = collect(tmp_path, keys=("algo.beta", "rounds"))
     assert sorted(table["algo.beta"]) == [0.1, 0.2] and (table["rounds"] == 2).all()
     assert (table["status"] == "completed").all() and table["final_test_acc"].between(0, 1).all()
+
+
+def test_sweep_through_submitit_launcher(tmp_path, data_root):
+    """hydra/launcher=slurm is hydra-submitit-launcher's SLURM launcher with our defaults; the same
+    sweep runs through submitit's local executor, and a refused job does not stop the others."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        hc = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+                     return_hydra_config=True).hydra.launcher
+    assert hc._target_.endswith("SlurmLauncher") and hc.partition == "gpu"
+    assert (hc.cpus_per_task, hc.mem_gb, hc.timeout_min) == (4, 16, 360)
+
+    train(data_root, *FMNIST, "rounds=2", "threads=1", "algo.gamma=0.1,-1", "hydra/launcher=submitit_local",
+          f"hydra.sweep.dir={tmp_path}", multirun=True)
+    jobs = sorted(d.name.split("_", 1)[0] for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit())
+    assert jobs == ["0"]                                   # job 1 (gamma=-1) refused, no directory left
+    summary = next(tmp_path.glob("0_*/summary.json"))
+    assert json.loads(summary.read_text())["status"] == "completed"
