@@ -14,7 +14,7 @@ IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normfedavg-t4 normfedavg-f3 normfedavg-t5 normfedavg-f4 normfedavg-t6 normfedavg-f5
 REPRODUCE := $(BIN)/python -m normfl.reproduce
 
-.PHONY: install run test lint bench privacy-table clean figures report all-figures $(IDS)
+.PHONY: install run test lint bench scale privacy-table clean figures report all-figures $(IDS)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)            ## per-round client time of each backend (ratios), default setup
 	$(BIN)/python scripts/bench_backends.py $(ARGS)
+
+scale: $(STAMP)            ## round time and peak memory at 1,000 / 10,000 / 100,000 clients
+	$(BIN)/python scripts/scale.py $(ARGS)
 
 privacy-table: $(STAMP)    ## regenerate docs/privacy.md from dp-accounting
 	$(BIN)/python scripts/privacy_table.py > docs/privacy.md.tmp && mv docs/privacy.md.tmp docs/privacy.md

@@ -129,27 +129,36 @@ class ClientData:
                  oracle: str = "minibatch", chunk: int = 1000):
         self.x, self.y, self.parts, self.prep = x, y, [torch.as_tensor(p) for p in parts], prep
         self.batch = [min(batch_size, len(p)) for p in parts]
-        self.oracle, self.chunk = oracle, chunk
-        self.rngs = [np.random.default_rng([seed, 1, i]) for i in range(len(parts))]
-        self.aug = [torch.Generator().manual_seed(seed * 7919 + i) if augment else None
-                    for i in range(len(parts))]
-        self.order = [self.rngs[i].permutation(len(p)) for i, p in enumerate(parts)]
-        self.pos = [0] * len(parts)
+        self.oracle, self.chunk, self.seed, self.augment = oracle, chunk, seed, augment
+        self.streams: dict[int, list] = {}    # client -> [rng, order, pos, aug], made when first used
         self._fixed: dict = {}                 # the deterministic batch lists (full oracle, IG passes)
 
     def __len__(self) -> int:
         return len(self.parts)
 
+    def uniform(self) -> bool:
+        """Whether every client's batches have the same shapes (what vmap needs)."""
+        sizes = self.batch if self.oracle == "minibatch" else [len(p) for p in self.parts]
+        return len(set(sizes)) == 1
+
+    def _stream(self, i: int) -> list:
+        """Client i's sampling state, made on first use, so 100,000 clients cost only those that compute."""
+        if i not in self.streams:
+            rng = np.random.default_rng([self.seed, 1, i])
+            aug = torch.Generator().manual_seed(self.seed * 7919 + i) if self.augment else None
+            self.streams[i] = [rng, rng.permutation(len(self.parts[i])), 0, aug]
+        return self.streams[i]
+
     def _piece(self, idx, weight: float = 1.0, aug: torch.Generator | None = None):
         return self.prep(self.x[idx], aug), self.y[idx].to(self.prep.device), weight
 
     def _minibatch(self, i: int):
-        b = self.batch[i]
-        if self.pos[i] + b > len(self.order[i]):
-            self.order[i], self.pos[i] = self.rngs[i].permutation(len(self.parts[i])), 0
-        idx = self.parts[i][self.order[i][self.pos[i]:self.pos[i] + b]]
-        self.pos[i] += b
-        return self._piece(idx, 1.0, self.aug[i])
+        b, st = self.batch[i], self._stream(i)
+        if st[2] + b > len(st[1]):
+            st[1], st[2] = st[0].permutation(len(self.parts[i])), 0
+        idx = self.parts[i][st[1][st[2]:st[2] + b]]
+        st[2] += b
+        return self._piece(idx, 1.0, st[3])
 
     def next_batches(self, ids=None) -> list[list[tuple[torch.Tensor, torch.Tensor, float]]]:
         """Per client (all, or those in ``ids``), the list of (x, y, weight) pieces whose weighted
@@ -165,21 +174,22 @@ class ClientData:
     def poisson_batches(self, rate: float, ids=None) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
         """Per client (all, or those in ``ids``), one Poisson sample of its shard: every sample is taken
         independently with probability ``rate`` (DP-SGD's sampling), so sizes vary and can be 0."""
-        return [self._piece(self.parts[i][torch.from_numpy(self.rngs[i].random(len(self.parts[i])) < rate)])
+        return [self._piece(self.parts[i][torch.from_numpy(self._stream(i)[0].random(len(self.parts[i])) < rate)])
                 for i in self._ids(ids)]
 
     def _ids(self, ids) -> list[int]:
         return list(range(len(self))) if ids is None else [int(i) for i in ids]
 
-    def peek(self):
-        """The batches the next ``next_batches()`` will return, without consuming them."""
-        state = copy.deepcopy((self.rngs, self.order, self.pos))
-        aug = [g.get_state() if g is not None else None for g in self.aug]
-        batches = self.next_batches()
-        self.rngs, self.order, self.pos = state
-        for g, st in zip(self.aug, aug, strict=True):
-            if g is not None:
-                g.set_state(st)
+    def peek(self, ids=None):
+        """The batches the next ``next_batches(ids)`` will return, without consuming them."""
+        saved = {i: (copy.deepcopy(st[:3]), st[3].get_state() if st[3] is not None else None)
+                 for i, st in self.streams.items()}
+        batches = self.next_batches(ids)
+        self.streams = {i: self.streams[i] for i in saved}           # drop the streams peek made
+        for i, (head, aug) in saved.items():
+            self.streams[i][:3] = head
+            if aug is not None:
+                self.streams[i][3].set_state(aug)
         return batches
 
     def cyclic_batches(self, batch_size: int) -> list[list[list[tuple]]]:
@@ -203,9 +213,9 @@ class Clients:
     def __init__(self, engine: ClientEngine, data: ClientData):
         self.engine, self.data = engine, data
 
-    def peek(self):
-        """The next round's batches of every client, left in place for the next ``grads`` call."""
-        return self.data.peek()
+    def peek(self, ids=None):
+        """The next round's batches of every client (or of ``ids``), left in place for ``grads``."""
+        return self.data.peek(ids)
 
     def grads(self, x: torch.Tensor, batches=None, ids=None):
         """Gradients at x (``[d]``, or one row per client) on each client's next batches, or on

@@ -21,7 +21,7 @@ from tqdm import tqdm
 import normfl
 from normfl.config import ConfigError, validate, validate_data
 from normfl.data import label_histogram
-from normfl.engine import ClientData, ClientEngine, Clients, FlatModel, Preprocess, choose_backend, pick_device, uniform
+from normfl.engine import ClientData, ClientEngine, Clients, FlatModel, Preprocess, choose_backend, pick_device
 from normfl.privacy import Privacy
 from normfl.results import Recorder, write_atomic
 
@@ -46,8 +46,9 @@ def build_data(cfg: DictConfig):
         raise ConfigError("dataset", _kind(cfg.dataset), str(err.__cause__ or err)) from err
     if cfg.dataset.train_limit or cfg.dataset.test_limit:
         ds = ds.head(cfg.dataset.train_limit, cfg.dataset.test_limit)
-    if cfg.clients > len(ds.y_train):
-        raise ConfigError("clients", cfg.clients, f"at most the {len(ds.y_train)} training samples")
+    if cfg.clients > len(ds.y_train) and _kind(cfg.partition) != "sampled_shards":
+        raise ConfigError("clients", cfg.clients,
+                          f"at most the {len(ds.y_train)} training samples (or partition=sampled_shards)")
     split = instantiate(cfg.partition)
     try:
         if _kind(cfg.partition) == "natural":
@@ -82,9 +83,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
     engine = ClientEngine(flat, cfg.backend)
     clients = Clients(engine, data)
-    if cfg.backend == "auto":
-        engine.backend = choose_backend(engine, x, clients.peek(), _backend_key(cfg, flat.dim, device))
-    elif cfg.backend == "vmap" and not uniform(clients.peek()):
+    if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
+        sample = clients.peek(range(min(len(data), 64))) if data.uniform() else []
+        engine.backend = choose_backend(engine, x, sample, _backend_key(cfg, flat.dim, device))
+    elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
 
     label_histogram(parts, ds.y_train.numpy(), ds.num_classes).to_csv(out_dir / "partition.csv")
@@ -112,13 +114,14 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                "transmissions": info["uploads"], "transmissions_total": sent,
                "bytes_uploaded": info["uploads"] * upload_bytes, "bytes_total": sent * upload_bytes,
                **{key: info[key] for key in ("tau", "steps_total") if key in info}}
-        diverged = not math.isfinite(info["loss"]) or not bool(torch.isfinite(x).all())
+        loss = info["loss"]                                  # None: no client computed this round
+        diverged = (loss is not None and not math.isfinite(loss)) or not bool(torch.isfinite(x).all())
         last = k + 1 == cfg.rounds or info.get("done", False)         # budget-limited algorithms stop early
         if diverged:
             row["test_loss"] = row["test_acc"] = math.nan
         elif (k + 1) % cfg.eval_every == 0 or last:
             evaluate(row, x, k + 1)
-            bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{row['test_acc']:.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}" if loss is not None else "-", acc=f"{row['test_acc']:.3f}")
         row["wall_time"] = time.perf_counter() - t0
         rec.add(row)
         if diverged:
@@ -145,9 +148,20 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "privacy": algo.privacy_report(rec.rows[-1]["round"]) if algo.private else None,
         "wall_time_s": time.perf_counter() - t_start,
         "seconds_per_round": (time.perf_counter() - t0) / max(1, rec.rows[-1]["round"]),
+        "peak_rss_mb": peak_rss_mb(),
         "versions": {"normfl": normfl.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
     })
+
+
+def peak_rss_mb() -> float | None:
+    """The process's peak resident memory so far, in MiB (None where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:                      # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss       # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def build_privacy(cfg: DictConfig) -> Privacy:

@@ -155,3 +155,14 @@ def test_sweep_through_submitit_launcher(tmp_path, data_root):
     assert jobs == ["0"]                                   # job 1 (gamma=-1) refused, no directory left
     summary = next(tmp_path.glob("0_*/summary.json"))
     assert json.loads(summary.read_text())["status"] == "completed"
+
+
+def test_more_clients_than_samples_with_sampled_shards(tmp_path, data_root):
+    """5,000 clients on 2,000 samples: only the cohort of 10 computes each round."""
+    train(data_root, *FMNIST, "clients=5000", "partition=sampled_shards", "algo=fed_normec",
+          "algo.memory_update=participants_only", "algo.participation=cohort", "algo.cohort_size=10",
+          "rounds=3", f"hydra.run.dir={tmp_path}")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["clients"] == 5000 and summary["peak_rss_mb"] > 0
+    assert (pd.read_csv(tmp_path / "metrics.csv")["transmissions"].iloc[1:] == 10).all()
+    assert len(pd.read_csv(tmp_path / "partition.csv", index_col=0)) == 5000

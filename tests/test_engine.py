@@ -184,3 +184,20 @@ def test_poisson_sampling_rate_and_seeding():
     s = np.array(sizes(0))
     assert sizes(0) == s.tolist() and sizes(1) != s.tolist()
     assert abs(s.mean() - 30) < 4 * math.sqrt(30 * 0.985 / s.size)                      # E = q |D_i| = 30
+
+
+def test_client_streams_are_made_on_first_use_and_peek_consumes_nothing():
+    """A population of 50,000 clients costs only the clients that compute; the stream a client gets
+    does not depend on who computed before it, and peek leaves every stream as it was."""
+    x_all = torch.arange(100, dtype=torch.float32).reshape(100, 1, 1, 1)
+    parts = [np.arange(i % 90, i % 90 + 10) for i in range(50_000)]
+    prep = Preprocess((), (), CPU)
+    d = ClientData(x_all, torch.zeros(100, dtype=torch.long), parts, 3, 0, prep, augment=False)
+    assert d.streams == {} and d.uniform()
+    ahead = d.peek([7, 49_999])
+    assert d.streams == {}
+    got = d.next_batches([7, 49_999])
+    assert sorted(d.streams) == [7, 49_999]
+    assert all(torch.equal(a[0][0], b[0][0]) for a, b in zip(ahead, got, strict=True))
+    alone = ClientData(x_all, torch.zeros(100, dtype=torch.long), parts, 3, 0, prep, augment=False)
+    assert torch.equal(alone.next_batches([49_999])[0][0][0], got[1][0][0])

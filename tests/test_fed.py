@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from normfl.algorithms import DPSGDNorm, FedAvg, FedNormEC, NormEC
+from normfl.algorithms import DPSGDNorm, FedAvg, FedNormEC, NormEC, memory
 from normfl.ops import bernoulli_weights, cohort_weights, norm_alpha
 from normfl.privacy import Privacy
 from tests.test_algorithms import Quadratic
@@ -111,11 +111,11 @@ def test_memory_updates_all_clients_but_only_participants_upload():
     _, info = algo.round(0, torch.zeros(4, dtype=F64), Quadratic(centers))
     q = bernoulli_weights(6, 0.5, seed=11, round_=0)
     assert info["uploads"] == int((q > 0).sum()) and 0 < info["uploads"] < 6
-    assert (algo.v.norm(dim=1) > 0).all()                    # every client's memory moved
+    assert (algo.v[None].norm(dim=1) > 0).all()                    # every client's memory moved
     only = FedNormEC(0.1, 0.5, 0.01, p=0.5, memory_update="participants_only")
     only.setup(torch.zeros(4, dtype=F64), 6, 1, NOPRIV, seed=11)
     only.round(0, torch.zeros(4, dtype=F64), Quadratic(centers))
-    assert torch.equal(only.v.norm(dim=1) > 0, q > 0)
+    assert torch.equal(only.v[None].norm(dim=1) > 0, q > 0)
 
 
 def test_fedavg_without_memory_and_noise_is_dpsgd_with_smoothed_normalization():
@@ -144,3 +144,53 @@ def test_central_noise_is_one_draw_on_the_sum():
     algo.setup(torch.zeros(20_000), 50, 300, Privacy(noise_multiplier_override=2.0), 0)
     x, _ = algo.round(0, torch.zeros(20_000), Quadratic(centers))
     assert x.std().item() == pytest.approx(2.0 / 50, rel=0.03)     # S z on the sum, divided by M
+
+
+class CountingQuadratic(Quadratic):
+    """Quadratic clients that record which of them computed."""
+
+    def __init__(self, centers):
+        super().__init__(centers)
+        self.computed = []
+
+    def grads(self, x, batches=None, ids=None):
+        self.computed.append(None if ids is None else ids.tolist())
+        return super().grads(x, batches, ids)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FedNormEC(0.1, 0.5, 0.01, participation="cohort", cohort_size=3, memory_update="participants_only"),
+    lambda: FedAvg(0.1, 0.5, 0.01, participation="cohort", cohort_size=3),
+])
+def test_only_the_cohort_computes(make):
+    centers = torch.randn(40, 6, generator=torch.Generator().manual_seed(5), dtype=F64)
+    algo, clients = make(), CountingQuadratic(centers)
+    algo.setup(torch.zeros(6, dtype=F64), 40, 3, NOPRIV, seed=2)
+    for k in range(3):
+        _, info = algo.round(k, torch.zeros(6, dtype=F64), clients)
+        assert clients.computed[-1] == cohort_weights(40, 3, 2, k).nonzero().squeeze(1).tolist()
+        assert info["uploads"] == 3
+
+
+def test_client_memory_on_disk_gives_the_same_run(monkeypatch):
+    """Memories too large for RAM go to a sparse file: same trajectory, same memories, zeros unread."""
+    centers = torch.randn(30, 5, generator=torch.Generator().manual_seed(6), dtype=F64)
+
+    def go():
+        algo = FedNormEC(0.1, 0.5, 0.01, p=0.2, memory_update="participants_only")
+        return trajectory(algo, Quadratic(centers), torch.zeros(5, dtype=F64), 12, 30), algo
+
+    ram, a = go()
+    monkeypatch.setattr(memory, "DENSE_LIMIT", 0)
+    disk, b = go()
+    assert not a.v.on_disk and b.v.on_disk
+    torch.testing.assert_close(disk, ram, rtol=0, atol=0)
+    torch.testing.assert_close(b.v[None], a.v[None], rtol=0, atol=0)
+    torch.testing.assert_close(b.v.mean(), a.v.mean(), rtol=0, atol=1e-15)
+
+
+def test_a_round_without_participants_moves_nothing_and_reports_no_loss():
+    algo = FedAvg(0.1, 0.5, 0.01, p=1e-9)
+    algo.setup(torch.zeros(4, dtype=F64), 5, 1, NOPRIV, seed=0)
+    x, info = algo.round(0, torch.ones(4, dtype=F64), Quadratic(torch.zeros(5, 4, dtype=F64)))
+    assert torch.equal(x, torch.ones(4, dtype=F64)) and info == {"loss": None, "uploads": 0}

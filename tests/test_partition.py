@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from normfl.data import dirichlet, iid, label_histogram, natural, shards
+from normfl.data import dirichlet, iid, label_histogram, natural, sampled_shards, shards
 
 
 def labels_for(n: int, classes: int = 10, seed: int = 0) -> np.ndarray:
@@ -128,3 +128,14 @@ def test_impossible_requests_name_the_parameter(call, param):
     y = np.arange(10) % 3
     with pytest.raises(ValueError, match=param):
         call(y)
+
+
+def test_sampled_shards_allow_more_clients_than_samples():
+    y = np.sort(labels_for(600))
+    parts = sampled_shards(y, 5000, seed=3, shards_per_client=2, shard_size=30)
+    assert len(parts) == 5000 and all(len(p) == 60 and p.dtype == np.int64 for p in parts)
+    assert all(p.min() >= 0 and p.max() < 600 for p in parts)
+    assert same(parts, sampled_shards(y, 5000, seed=3, shards_per_client=2, shard_size=30))
+    assert np.mean([len(np.unique(y[p])) for p in parts]) <= 4     # two runs of a sorted order: few labels
+    with pytest.raises(ValueError, match="shard_size"):
+        sampled_shards(y, 10, seed=0, shard_size=601)

@@ -11,11 +11,24 @@ import torch
 
 from normfl.algorithms.base import Algorithm, Clients
 from normfl.algorithms.local import pseudo_gradient
+from normfl.algorithms.memory import ClientMemory
 from normfl.ops import bernoulli_weights, clip, cohort_weights, norm_alpha, server_step
 
 PARTICIPATION = ("bernoulli", "cohort")
 BOUNDINGS = ("norm", "clip", "none")
 MEMORY_UPDATES = ("all", "participants_only")
+
+
+def participants(q: torch.Tensor) -> torch.Tensor | None:
+    """The ids of the clients with q_i > 0, the only ones that need to compute for their upload
+    (None when that is every client)."""
+    ids = q.nonzero().squeeze(1)
+    return None if len(ids) == len(q) else ids
+
+
+def mean_loss(loss: torch.Tensor) -> float | None:
+    """The mean client loss of a round; None when no client computed (an empty Bernoulli draw)."""
+    return loss.mean().item() if len(loss) else None
 
 
 class _Federated(Algorithm):
@@ -39,13 +52,22 @@ class _Federated(Algorithm):
             return cohort_weights(self.num_clients, self.cohort_size, self.seed, k, device)
         return bernoulli_weights(self.num_clients, self.p, self.seed, k, device)
 
-    def pseudo_gradient(self, x, clients):
-        return pseudo_gradient(x, clients, self.gamma, **self.local)
+    def pseudo_gradient(self, x, clients, ids=None):
+        return pseudo_gradient(x, clients, self.gamma, ids=ids, **self.local)
+
+    def aggregate(self, q: torch.Tensor, rows: torch.Tensor, ids) -> torch.Tensor:
+        """(1/M) Σ_i q_i rows_i, where ``rows`` holds every client's row or those of ``ids``."""
+        if ids is None:
+            return (q[:, None] * rows).mean(0)
+        return (q[ids, None] * rows).sum(0) / self.num_clients
 
 
 class FedNormEC(_Federated):
     """(DP-)Fed-α-NormEC. Every client computes and updates its memory each round (the box); only
-    participants upload, each adding its own noise before the 1/p weight."""
+    participants upload, each adding its own noise before the 1/p weight. With
+    ``memory_update=participants_only`` only participants compute and update their memories, so a
+    round costs what its cohort costs; the memories are then kept in a ``ClientMemory`` that holds
+    only the rows a round touches when all of them would not fit in RAM."""
 
     upload_bound = 1.0                   # ||Δ_i|| <= 1
 
@@ -55,22 +77,22 @@ class FedNormEC(_Federated):
 
     def setup(self, x0, num_clients, rounds, privacy, seed):
         super().setup(x0, num_clients, rounds, privacy, seed)
-        self.v = torch.zeros(num_clients, x0.numel(), device=x0.device, dtype=x0.dtype)   # v_i^0 = 0 (A6)
-        self.vhat = self.v.mean(0)                                                        # v̂^0 = mean v_i^0
+        self.v = ClientMemory(num_clients, x0.numel(), x0.device, x0.dtype)   # v_i^0 = 0 (A6)
+        self.vhat = torch.zeros_like(x0)                                        # v̂^0 = mean v_i^0
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
-        U, loss = self.pseudo_gradient(x, clients)           # 4: T_i(x^k); U_i = (x^k - T_i(x^k))/γ
-        delta = norm_alpha(U - self.v, self.alpha)           # 5: Δ_i = Norm_α(U_i - v_i)
         q = self.weights(k, x.device)                        # 7: q_i = 1/p w.p. p, else 0
-        update = delta if self.memory_update == "all" else delta * (q > 0)[:, None]
-        self.v += self.beta * update                         # 6: v_i^{k+1} = v_i^k + β Δ_i
-        sent = q[:, None] * self.noise(delta, k)             # 8/9: Δ̂_i = q_i (Δ_i + z_i)
-        self.vhat += self.beta * sent.mean(0)                # 11: v̂^{k+1} = v̂^k + (β/M) Σ Δ̂_i
+        ids = None if self.memory_update == "all" else participants(q)
+        U, loss = self.pseudo_gradient(x, clients, ids)      # 4: T_i(x^k); U_i = (x^k - T_i(x^k))/γ
+        delta = norm_alpha(U - self.v[ids], self.alpha)      # 5: Δ_i = Norm_α(U_i - v_i)
+        self.v.add_(ids, self.beta * delta)                  # 6: v_i^{k+1} = v_i^k + β Δ_i
+        sent = self.noise(delta, k)                          # 8/9: Δ̂_i = q_i (Δ_i + z_i)
+        self.vhat += self.beta * self.aggregate(q, sent, ids)   # 11: v̂^{k+1} = v̂^k + (β/M) Σ Δ̂_i
         x = server_step(x, self.vhat, self.eta, self.server_norm)   # 12: x - η v̂ (/||v̂|| with SN)
-        return x, {"loss": loss.mean().item(), "uploads": int((q > 0).sum())}
+        return x, {"loss": mean_loss(loss), "uploads": int((q > 0).sum())}
 
     def memory_gap(self) -> float:
-        return torch.linalg.vector_norm(self.vhat - self.v.mean(0)).item()
+        return torch.linalg.vector_norm(self.vhat - self.v.mean()).item()
 
 
 class FedAvg(_Federated):
@@ -94,13 +116,14 @@ class FedAvg(_Federated):
         return clip(u, self.beta) if self.bounding == "clip" else u
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
-        U, loss = self.pseudo_gradient(x, clients)
-        bounded = self.psi(self.gamma * U if self.literal_psi else U)
         q = self.weights(k, x.device)
+        ids = participants(q)                                # only participants compute
+        U, loss = self.pseudo_gradient(x, clients, ids)
+        bounded = self.psi(self.gamma * U if self.literal_psi else U)
         if self.noise_by == "client":                        # each participant: Ψ(U_i) + ζ_i
-            agg = (q[:, None] * self.noise(bounded, k)).mean(0)
+            agg = self.aggregate(q, self.noise(bounded, k), ids)
         else:                                                # server: (Σ_S Ψ(U_i) + ζ) / (p M)
-            agg = (q[:, None] * bounded).mean(0)
+            agg = self.aggregate(q, bounded, ids)
             agg = self.noise(agg * (self.p * self.num_clients), k) / (self.p * self.num_clients)
         x = server_step(x, agg, self.eta, self.server_norm)
-        return x, {"loss": loss.mean().item(), "uploads": int((q > 0).sum())}
+        return x, {"loss": mean_loss(loss), "uploads": int((q > 0).sum())}

@@ -19,18 +19,19 @@ OPERATORS = ("gd", "ig")
 
 
 def pseudo_gradient(x: torch.Tensor, clients: Clients, gamma: float, steps: int = 1, operator: str = "gd",
-                    ig_batch_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """([n, d] pseudo-gradients (x - T_i(x))/γ, [n] client losses at x)."""
+                    ig_batch_size: int = 1, ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n, d] pseudo-gradients (x - T_i(x))/γ, [n] client losses at x), of every client or of ``ids``."""
     if operator == "gd":
-        G, loss = clients.grads(x)                                # step 0 is at x itself
+        G, loss = clients.grads(x, ids=ids)                       # step 0 is at x itself
         if steps == 1:
             return G, loss
         X = x - (gamma / steps) * G
         for _ in range(steps - 1):
-            X = X - (gamma / steps) * clients.grads(X)[0]
+            X = X - (gamma / steps) * clients.grads(X, ids=ids)[0]
     elif operator == "ig":
         X, loss = x, None
         for batches in clients.cyclic_pass(ig_batch_size):
+            batches = batches if ids is None else [batches[i] for i in ids.tolist()]
             G, step_loss = clients.grads(X, batches)
             frac = torch.tensor([b[0][2] for b in batches], device=x.device, dtype=x.dtype)   # b_j / N
             X = X - gamma * frac[:, None] * G

@@ -1,6 +1,6 @@
 """Datasets as in-memory tensors, batched transforms and client partitions."""
 
-from normfl.data.partition import dirichlet, iid, label_histogram, natural, shards
+from normfl.data.partition import dirichlet, iid, label_histogram, natural, sampled_shards, shards
 from normfl.data.sources import (
     SPLITS,
     ArrayDataset,
@@ -30,5 +30,6 @@ __all__ = [
     "load_npz",
     "natural",
     "normalize",
+    "sampled_shards",
     "shards",
 ]

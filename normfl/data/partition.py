@@ -1,7 +1,8 @@
 """Partitions of a training set across clients.
 
 Each partitioner returns one int64 array of train indices per client; every index is in exactly one
-client. Randomness comes only from ``numpy.random.default_rng(seed)``.
+client, except with ``sampled_shards``, whose clients may share samples. Randomness comes only from
+``numpy.random.default_rng(seed)``.
 """
 
 from __future__ import annotations
@@ -81,6 +82,23 @@ def dirichlet(
     raise ValueError(
         f"max_tries={max_tries} draws with alpha={alpha} never gave every client min_size={min_size} samples"
     )
+
+
+def sampled_shards(labels: np.ndarray, num_clients: int, seed: int, shards_per_client: int = 2,
+                   shard_size: int = 30) -> list[np.ndarray]:
+    """For populations larger than the data (10^4-10^5 simulated clients): each client takes
+    ``shards_per_client`` runs of ``shard_size`` consecutive samples of the label-sorted order, each
+    starting at a uniformly random place (wrapping around). Clients are label-skewed as with
+    ``shards``, but drawn independently, so they may share samples and their number is unbounded."""
+    labels = np.asarray(labels)
+    n = len(labels)
+    if num_clients < 1 or shards_per_client < 1 or not 1 <= shard_size <= n:
+        raise ValueError(f"num_clients={num_clients} and shards_per_client={shards_per_client} must be >= 1, "
+                         f"shard_size={shard_size} in [1, {n}]")
+    order = np.argsort(labels, kind="stable").astype(np.int64)
+    starts = np.random.default_rng(seed).integers(0, n, size=(num_clients, shards_per_client))
+    idx = order[(starts[:, :, None] + np.arange(shard_size)) % n]          # [clients, shards, shard_size]
+    return list(idx.reshape(num_clients, -1))
 
 
 def natural(client_ids: np.ndarray, num_clients: int | None = None) -> list[np.ndarray]:

@@ -1,0 +1,69 @@
+"""Per-client state vectors (the memories v_i of Fed-α-NormEC), stored so a round touches only its rows.
+
+Up to ``DENSE_LIMIT`` bytes the n rows are one tensor on the model's device. Beyond that they live in
+a temporary file on disk: a sparse file, so rows never written take no disk and read as zeros
+(v_i^0 = 0), and a round reads and writes back only the rows of the clients it computes, so only
+those are in RAM. The file is deleted when the run ends. With 100,000 clients and participation p,
+a round then costs what its cohort costs, whatever the population.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import torch
+
+DENSE_LIMIT = 2 * 2**30          # bytes: above this, rows go to a file on disk
+
+
+class ClientMemory:
+    """n vectors of size d, all zero at the start; ``ids`` are a 1-D LongTensor, or None for all."""
+
+    def __init__(self, n: int, d: int, device, dtype: torch.dtype):
+        self.n, self.d, self.device, self.dtype = n, d, device, dtype
+        self.np_dtype = torch.empty((), dtype=dtype).numpy().dtype
+        self.row_bytes = d * self.np_dtype.itemsize
+        if n * self.row_bytes <= DENSE_LIMIT:
+            self.rows, self.file = torch.zeros(n, d, device=device, dtype=dtype), None
+        else:
+            self.rows, self.file = None, tempfile.TemporaryFile(prefix="normfl-client-memory-")
+            os.ftruncate(self.file.fileno(), n * self.row_bytes)        # sparse: reads as zeros
+
+    @property
+    def on_disk(self) -> bool:
+        return self.file is not None
+
+    def _read(self, start: int, count: int) -> np.ndarray:
+        buf = os.pread(self.file.fileno(), count * self.row_bytes, start * self.row_bytes)
+        return np.frombuffer(bytearray(buf), dtype=self.np_dtype).reshape(count, self.d)
+
+    def __getitem__(self, ids) -> torch.Tensor:
+        if not self.on_disk:
+            return self.rows if ids is None else self.rows[ids]
+        if ids is None:
+            return self[torch.arange(self.n)]
+        rows = np.stack([self._read(int(i), 1)[0] for i in ids]) if len(ids) else np.zeros((0, self.d), self.np_dtype)
+        return torch.from_numpy(rows).to(self.device)
+
+    def add_(self, ids, update: torch.Tensor) -> None:
+        """v_i += update row, for the clients ``ids`` (distinct, in order), or for all (None)."""
+        if not self.on_disk:
+            if ids is None:
+                self.rows += update
+            else:
+                self.rows.index_add_(0, ids, update)
+            return
+        ids = torch.arange(self.n) if ids is None else ids
+        new = (self[ids] + update).cpu().numpy()
+        for i, row in zip(ids.tolist(), new, strict=True):
+            os.pwrite(self.file.fileno(), row.tobytes(), i * self.row_bytes)
+
+    def mean(self, chunk: int = 4096) -> torch.Tensor:
+        """(1/n) Σ_i v_i (read in chunks of rows when on disk)."""
+        if not self.on_disk:
+            return self.rows.mean(0)
+        total = sum(torch.from_numpy(self._read(s, min(chunk, self.n - s))).sum(0, dtype=torch.float64)
+                    for s in range(0, self.n, chunk))
+        return (total / self.n).to(self.device, self.dtype)
