@@ -9,6 +9,7 @@ import platform
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,10 +61,23 @@ def build_data(cfg: DictConfig):
     return ds, parts
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """Run one experiment into ``out_dir``; returns the summary. Raises ConfigError on bad input."""
-    validate(cfg)
-    t_start = time.perf_counter()
+@dataclass
+class Setup:
+    """What a run is made of, before its first round."""
+
+    device: torch.device
+    ds: object                 # the dataset (normfl.data.ArrayDataset)
+    parts: list                # each client's training indices
+    flat: FlatModel
+    x: torch.Tensor            # x^0
+    algo: object               # the algorithm, set up for cfg.rounds
+    prep: Preprocess
+    data: ClientData
+    clients: Clients
+
+
+def build(cfg: DictConfig) -> Setup:
+    """Data, partition, model, algorithm and clients from a validated config, with the backend chosen."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = pick_device(cfg.device.name)
@@ -75,8 +89,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     flat = FlatModel(model, device)
     x = flat.vector()
     algo = instantiate(cfg.algo)
-    privacy = build_privacy(cfg)
-    algo.setup(x, cfg.clients, cfg.rounds, privacy, cfg.seed)
+    algo.setup(x, cfg.clients, cfg.rounds, build_privacy(cfg), cfg.seed)
 
     prep = Preprocess(ds.mean, ds.std, device)
     data = ClientData(ds.x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
@@ -88,16 +101,25 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         engine.backend = choose_backend(engine, x, sample, _backend_key(cfg, flat.dim, device))
     elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
+    return Setup(device, ds, parts, flat, x, algo, prep, data, clients)
 
-    label_histogram(parts, ds.y_train.numpy(), ds.num_classes).to_csv(out_dir / "partition.csv")
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Run one experiment into ``out_dir``; returns the summary. Raises ConfigError on bad input."""
+    validate(cfg)
+    t_start = time.perf_counter()
+    setup = build(cfg)
+    ds, flat, x, algo, clients = setup.ds, setup.flat, setup.x, setup.algo, setup.clients
+
+    label_histogram(setup.parts, ds.y_train.numpy(), ds.num_classes).to_csv(out_dir / "partition.csv")
     rec = Recorder(out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
     bits = algo.bits_per_coord or 8 * x.element_size()
     upload_bytes = flat.dim * bits / 8
 
     def evaluate(row, at, k):
-        row["test_loss"], row["test_acc"] = flat.evaluate(at, ds.x_test, ds.y_test, prep)
+        row["test_loss"], row["test_acc"] = flat.evaluate(at, ds.x_test, ds.y_test, setup.prep)
         if cfg.eval_train:
-            row["full_train_loss"], _ = flat.evaluate(at, ds.x_train, ds.y_train, prep)
+            row["full_train_loss"], _ = flat.evaluate(at, ds.x_train, ds.y_train, setup.prep)
         if algo.private:
             row.update(algo.spent(k))
 
@@ -143,7 +165,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "status": status, "profile": cfg.profile, "algo": cfg.algo.name, "data": ds.label, "data_source": ds.source,
         "split": ds.split, "train_size": len(ds.y_train), "test_size": len(ds.y_test),
         "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": flat.dim,
-        "backend": engine.backend, "device": str(device), "threads": torch.get_num_threads(),
+        "backend": clients.engine.backend, "device": str(setup.device), "threads": torch.get_num_threads(),
         "noise_std": algo.noise_std, "bits_per_coord": bits, "private": algo.private,
         "privacy": algo.privacy_report(rec.rows[-1]["round"]) if algo.private else None,
         "wall_time_s": time.perf_counter() - t_start,
