@@ -33,8 +33,8 @@ test: $(STAMP)             ## the test suite (real data slices from ../shared/da
 lint: $(STAMP)
 	$(BIN)/ruff check normfl tests scripts train.py
 
-bench: $(STAMP)            ## per-round client time of each backend (ratios), default setup
-	$(BIN)/python scripts/bench_backends.py $(ARGS)
+bench: $(STAMP)            ## round time of settings A-D against the compute floor and paper-style code
+	$(BIN)/python scripts/bench.py $(ARGS)
 
 scale: $(STAMP)            ## round time and peak memory at 1,000 / 10,000 / 100,000 clients
 	$(BIN)/python scripts/scale.py $(ARGS)

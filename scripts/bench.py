@@ -1,0 +1,239 @@
+"""The benchmark suite: normfl's round time against the compute floor and against paper-style code.
+
+    python scripts/bench.py [--settings A B C D] [--reps 5] [--threads N] [override ...]
+
+For each paper setting it times, in one process and taking turns so that machine drift hits every
+variant alike (medians over ``--reps`` rounds, after one warm-up round):
+
+- ``normfl/<backend>``: one whole round of the algorithm (client computation, its vector work,
+  noise) through ``normfl.run.build``, the objects a run uses, for each backend that applies;
+- ``floor``: the bare forward + backward (+ optimizer step where the clients take local steps) of
+  exactly the samples that round used, in plain PyTorch on one ordinary model, data already in memory;
+- ``paper-style``: the same work done the way the papers' public code does it: a deepcopy of the
+  global model per client, a torch DataLoader over PIL images with torchvision transforms, and
+  state-dict averaging (per-sample gradients by a loop over samples for DP-SGD);
+- ``eval``: one pass over the test set (normfl's evaluation).
+
+Settings: A NORMEC (CIFAR-10 ResNet20, 10 clients x one gradient of batch 32); B NormFedAvg
+(Fashion-MNIST MLP, 25 of 50 clients x 20 local steps x batch 256); C FEDNORMEC (20 clients,
+p = 0.25: every client computes, the box); D DPFL (Fashion-MNIST CNN, per-sample clipped DP-SGD, one
+local step). Extra overrides apply to every setting. Prints one table (seconds and ratio to the
+floor) and writes outputs/bench/bench.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Subset
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from normfl.engine import Clients  # noqa: E402
+from normfl.run import build  # noqa: E402
+
+SETTINGS = {
+    "A": ("NORMEC CIFAR-10 ResNet20, 10 clients x 1 gradient, batch 32",
+          ["algo=normec", "algo.beta=0.1", "algo.gamma=0.1"]),
+    "B": ("NormFedAvg FMNIST MLP, 25 of 50 clients x 20 steps, batch 256",
+          ["experiment=nfa_t6_fmnist_normfedavg"]),
+    "C": ("FEDNORMEC CIFAR-10 ResNet20, 20 clients, p = 0.25",
+          ["experiment=fednormec_f_ec", "p=0.25", "algo.beta=0.01", "algo.gamma=0.01"]),
+    "D": ("DPFL FMNIST CNN, per-sample DP-SGD, 10 clients",
+          ["experiment=alidpfl_fmnist", "budget=e175_r177", "algo=dpfl", "algo.tau=1"]),
+}
+
+
+class LoggedClients(Clients):
+    """The run's clients, noting what each round computes: (kind, client ids, per-client pieces)."""
+
+    def __init__(self, clients: Clients):
+        super().__init__(clients.engine, clients.data)
+        self.log: list = []
+
+    def grads(self, x, batches=None, ids=None):
+        if batches is None:
+            batches = self.data.next_batches(ids)
+        ids = list(range(len(self.data))) if ids is None else [int(i) for i in ids]
+        self.log.append(("grad", ids, batches))
+        return self.engine.grads(x, batches)
+
+    def clipped_grad_sums(self, x, rate, clip):
+        out = super().clipped_grad_sums(x, rate, clip)
+        self.log.append(("clip", list(range(len(self.data))), [[p] for p in out[2]]))
+        return out
+
+
+def local_steps(cfg) -> bool:
+    """Whether the clients take optimizer steps (then the floor and paper-style code step too)."""
+    return bool(cfg.algo.get("local_steps", 1) > 1 or cfg.algo.get("sample_rate"))
+
+
+class Floor:
+    """Forward + backward (+ SGD step) of each logged piece on one plain model, nothing else."""
+
+    def __init__(self, cfg, ds, device):
+        self.model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
+        self.model.to(device).train()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3) if local_steps(cfg) else None
+
+    def __call__(self, log):
+        for _, _, batches in log:
+            for pieces in batches:
+                for xb, yb, _ in pieces:
+                    if len(yb) == 0:
+                        continue
+                    self.model.zero_grad(set_to_none=True)
+                    F.cross_entropy(self.model(xb), yb).backward()
+                    if self.opt:
+                        self.opt.step()
+
+
+class PILImages(Dataset):
+    """Samples as PIL images through torchvision transforms, the way the papers' code loads data."""
+
+    def __init__(self, x, y, transform):
+        self.x, self.y, self.transform = x, y, transform
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        img = self.x[i].permute(1, 2, 0).numpy()
+        img = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img)
+        return self.transform(img), int(self.y[i])
+
+
+class PaperStyle:
+    """The round as the papers' public code writes it: per client a deepcopy of the global model and a
+    DataLoader over PIL images; gradients or models averaged through state dicts."""
+
+    def __init__(self, cfg, setup):
+        from torchvision import transforms as T
+
+        ds, self.device = setup.ds, setup.device
+        aug = [T.RandomCrop(ds.x_train.shape[-1], padding=4), T.RandomHorizontalFlip()] if cfg.dataset.augment else []
+        images = PILImages(ds.x_train, ds.y_train, T.Compose([*aug, T.ToTensor(), T.Normalize(ds.mean, ds.std)]))
+        self.subsets = [Subset(images, p.tolist()) for p in setup.parts]
+        self.loaders: dict = {}
+        self.model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
+        self.model.to(self.device).train()
+        self.step, self.clip = local_steps(cfg), cfg.algo.get("clip")
+
+    def _batch(self, i: int, size: int):
+        key = (i, size)
+        if key not in self.loaders:
+            self.loaders[key] = [DataLoader(self.subsets[i], batch_size=size, shuffle=True, drop_last=True), None]
+        entry = self.loaders[key]
+        try:
+            xb, yb = next(entry[1])
+        except (StopIteration, TypeError):
+            entry[1] = iter(entry[0])
+            xb, yb = next(entry[1])
+        return xb.to(self.device), yb.to(self.device)
+
+    def __call__(self, log):
+        work: dict[int, list[tuple[str, int]]] = {}          # client -> its steps (kind, batch size)
+        for kind, ids, batches in log:
+            for i, pieces in zip(ids, batches, strict=True):
+                work.setdefault(i, []).extend((kind, len(p[1])) for p in pieces if len(p[1]))
+        states = []
+        for i, steps in work.items():
+            local = copy.deepcopy(self.model)
+            opt = torch.optim.SGD(local.parameters(), lr=1e-3)
+            for kind, size in steps:
+                xb, yb = self._batch(i, size)
+                opt.zero_grad(set_to_none=True)
+                if kind == "clip":                           # per-sample gradients, one sample at a time
+                    total = [torch.zeros_like(p) for p in local.parameters()]
+                    for s in range(size):
+                        grads = torch.autograd.grad(F.cross_entropy(local(xb[s:s + 1]), yb[s:s + 1]),
+                                                    list(local.parameters()))
+                        scale = min(1.0, self.clip / (torch.sqrt(sum((g ** 2).sum() for g in grads)) + 1e-12))
+                        for t, g in zip(total, grads, strict=True):
+                            t.add_(g, alpha=float(scale))
+                    for p, t in zip(local.parameters(), total, strict=True):
+                        p.grad = t / size
+                else:
+                    F.cross_entropy(local(xb), yb).backward()
+                if self.step:
+                    opt.step()
+            states.append(local.state_dict())
+        avg = {k: torch.stack([s[k].float() for s in states]).mean(0).to(v.dtype)
+               for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(avg)
+
+
+def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
+    title, own = SETTINGS[name]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*own, "progress=false", *overrides])
+    setup = build(cfg)
+    clients = LoggedClients(setup.clients)
+    floor, paper = Floor(cfg, setup.ds, setup.device), PaperStyle(cfg, setup)
+    sync = torch.cuda.synchronize if setup.device.type == "cuda" else (lambda: None)
+    dp = bool(cfg.algo.get("sample_rate"))
+    backends = ["layer norms", "vmap"] if dp else ["sequential", "vmap"]
+    layers = clients.engine.norm_layers
+    x, k, times = setup.x, 0, {}
+
+    def timed(label, fn, *args):
+        sync()
+        t = time.perf_counter()
+        out = fn(*args)
+        sync()
+        times.setdefault(label, []).append(time.perf_counter() - t)
+        return out
+
+    for _ in range(reps + 1):
+        for b in backends:
+            if dp:                                           # per-sample clipping: from layer norms, or vmap
+                clients.engine.norm_layers = layers if b == "layer norms" else None
+            else:
+                clients.engine.backend = b
+            clients.log = []
+            x, _ = timed(f"normfl/{b}", setup.algo.round, k, x, clients)
+            k += 1
+        timed("floor", floor, clients.log)
+        timed("paper-style", paper, clients.log)
+        timed("eval", setup.flat.evaluate, x, setup.ds.x_test, setup.ds.y_test, setup.prep)
+    med = {label: statistics.median(v[1:]) for label, v in times.items()}   # the first round warms up
+    return [{"setting": name, "what": title, "variant": label, "seconds": s, "vs_floor": s / med["floor"],
+             "threads": torch.get_num_threads(), "device": str(setup.device)} for label, s in med.items()]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench.csv")
+    args, overrides = ap.parse_known_args()
+    if args.threads:
+        overrides.append(f"threads={args.threads}")
+    rows = []
+    for name in args.settings:
+        rows += bench(name, overrides, args.reps)
+        print(f"  {name} done", file=sys.stderr)
+    df = pd.DataFrame(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out, index=False)
+    print(df.drop(columns=["what"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    for name in args.settings:
+        print(f"{name}: {SETTINGS[name][0]}")
+    print(f"written: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

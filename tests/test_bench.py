@@ -1,0 +1,22 @@
+"""The benchmark suite runs on small versions of its settings (what it measures is not tested here)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location("bench", Path(__file__).resolve().parents[1] / "scripts" / "bench.py")
+bench = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("setting, overrides", [
+    ("B", ["algo.local_steps=2", "batch_size=16", "dataset.test_limit=200"]),
+    ("D", ["algo.sample_rate=0.002", "dataset.test_limit=200"]),
+])
+def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
+    rows = bench.bench(setting, [f"data_root={data_root}", *overrides], reps=1)
+    got = {r["variant"]: r for r in rows}
+    backends = ["normfl/layer norms", "normfl/vmap"] if setting == "D" else ["normfl/sequential", "normfl/vmap"]
+    assert sorted(got) == sorted([*backends, "floor", "paper-style", "eval"])
+    assert got["floor"]["vs_floor"] == 1.0 and all(r["seconds"] > 0 for r in rows)
