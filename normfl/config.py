@@ -5,10 +5,12 @@ Each rule names the key, the value it got and what is allowed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES, PARTICIPATION
 from normfl.algorithms.local import OPERATORS
@@ -59,6 +61,8 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "threads", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
     _choice(cfg, "eval_train", (True, False), optional=False)
+    _number(cfg, "checkpoint_every", lambda v: v >= 0, "an integer >= 0 (0: no checkpoints)", integer=True)
+    _choice(cfg, "resume", (True, False), optional=False)
     _choice(cfg, "profile", PROFILES, optional=False)
     _choice(cfg, "oracle", ORACLES, optional=False)
     _choice(cfg, "backend", BACKENDS, optional=False)
@@ -193,3 +197,16 @@ def validate_data(cfg: DictConfig, parts) -> None:
     if empty:
         raise ConfigError("partition", cfg.partition._target_, f"a partition giving every client data "
                           f"(clients {empty[:5]} got none)")
+
+
+# What does not change what a run computes: left out of its key (the run store's folder names, and
+# the check that a checkpoint or a finished run in a folder belongs to the config asking for it).
+NOT_IN_KEY = ("hydra", "grid", "paper", "quick", "threads", "progress", "backend", "device", "logger",
+              "data_root", "offline_data", "save_params", "checkpoint_every", "resume")
+
+
+def config_key(cfg: DictConfig) -> str:
+    """A stable hash of what a run computes: the resolved config without NOT_IN_KEY."""
+    data = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
+    text = json.dumps(data, sort_keys=True, default=str)
+    return f"{cfg.algo.name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"

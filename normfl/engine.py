@@ -136,6 +136,13 @@ class ClientData:
     def __len__(self) -> int:
         return len(self.parts)
 
+    def state_dict(self) -> dict:
+        """The clients' sampling streams (a checkpoint's share of the data)."""
+        return {"streams": self.streams}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streams = state["streams"]
+
     def uniform(self) -> bool:
         """Whether every client's batches have the same shapes (what vmap needs)."""
         sizes = self.batch if self.oracle == "minibatch" else [len(p) for p in self.parts]

@@ -15,6 +15,8 @@ COLUMNS = ("round", "train_loss", "full_train_loss", "test_loss", "test_acc", "e
            "eps_paper", "noise_std", "bits_per_coord", "tau", "steps_total", "transmissions", "transmissions_total",
            "bytes_uploaded", "bytes_total", "wall_time")
 
+FINISHED = ("completed", "diverged")         # statuses of a run that needs no rerun ("failed" may)
+
 
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")

@@ -20,11 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import normfl
-from normfl.config import ConfigError, validate, validate_data
+from normfl import checkpoint
+from normfl.config import ConfigError, config_key, validate, validate_data
 from normfl.data import label_histogram
 from normfl.engine import ClientData, ClientEngine, Clients, FlatModel, Preprocess, choose_backend, pick_device
 from normfl.privacy import Privacy
-from normfl.results import Recorder, write_atomic
+from normfl.results import FINISHED, Recorder, write_atomic
 
 log = logging.getLogger("normfl")
 INPUT_ERRORS = (ConfigError, FileNotFoundError)
@@ -105,9 +106,19 @@ def build(cfg: DictConfig) -> Setup:
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """Run one experiment into ``out_dir``; returns the summary. Raises ConfigError on bad input."""
+    """Run one experiment into ``out_dir``; returns the summary. Raises ConfigError on bad input.
+
+    With ``resume`` (the default), a run directory that already holds this config's finished run is
+    left as it is, and one holding its checkpoint continues from there."""
     validate(cfg)
-    t_start = time.perf_counter()
+    key = config_key(cfg)
+    if cfg.resume and (done := finished(out_dir, key)):
+        log.info("%s already holds this config's finished run (resume=false reruns it)", out_dir)
+        return done
+    if not cfg.resume:
+        checkpoint.remove(out_dir)
+    state = checkpoint.load(out_dir, key)
+    t_start = time.perf_counter() - (state["wall_time_s"] if state else 0.0)
     setup = build(cfg)
     ds, flat, x, algo, clients = setup.ds, setup.flat, setup.x, setup.algo, setup.clients
 
@@ -123,19 +134,30 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         if algo.private:
             row.update(algo.spent(k))
 
-    row0 = {"round": 0, "noise_std": algo.noise_std, "bits_per_coord": bits, "transmissions": 0,
-            "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0, "wall_time": 0.0}
-    evaluate(row0, x, 0)
-    rec.add(row0)
-    status, sent, t0 = "completed", 0, time.perf_counter()
-    bar = tqdm(range(cfg.rounds), disable=not cfg.progress, desc=cfg.algo.name, dynamic_ncols=True)
+    if state:                                                # continue where the checkpoint left off
+        x, sent, rec.rows = state["x"].to(x.device), state["sent"], state["rows"]
+        algo.load_state_dict(state["algo"])
+        setup.data.load_state_dict(state["data"])
+        flat.set_buffers(state["buffers"])
+        clients.engine.backend = state["backend"]
+        log.info("resuming from round %d (%s)", rec.rows[-1]["round"], checkpoint.NAME)
+    else:
+        row0 = {"round": 0, "noise_std": algo.noise_std, "bits_per_coord": bits, "transmissions": 0,
+                "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0, "wall_time": 0.0}
+        evaluate(row0, x, 0)
+        rec.add(row0)
+        sent = 0
+    start = rec.rows[-1]["round"]
+    status, t0 = "completed", time.perf_counter() - rec.rows[-1]["wall_time"]
+    bar = tqdm(range(start, cfg.rounds), disable=not cfg.progress, desc=cfg.algo.name, dynamic_ncols=True,
+               initial=start, total=cfg.rounds)
     for k in bar:
         x, info = algo.round(k, x, clients)
         sent += info["uploads"]
         row = {"round": k + 1, "train_loss": info["loss"], "noise_std": algo.noise_std, "bits_per_coord": bits,
                "transmissions": info["uploads"], "transmissions_total": sent,
                "bytes_uploaded": info["uploads"] * upload_bytes, "bytes_total": sent * upload_bytes,
-               **{key: info[key] for key in ("tau", "steps_total") if key in info}}
+               **{name: info[name] for name in ("tau", "steps_total") if name in info}}
         loss = info["loss"]                                  # None: no client computed this round
         diverged = (loss is not None and not math.isfinite(loss)) or not bool(torch.isfinite(x).all())
         last = k + 1 == cfg.rounds or info.get("done", False)         # budget-limited algorithms stop early
@@ -154,6 +176,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
             rec.flush()
         if last:
             break
+        if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
+            checkpoint.save(out_dir, key, {
+                "x": x, "sent": sent, "rows": rec.rows, "algo": algo.state_dict(),
+                "data": setup.data.state_dict(), "buffers": flat.buffers(), "backend": clients.engine.backend,
+                "wall_time_s": time.perf_counter() - t_start})
     bar.close()
     rec.flush()
     if cfg.save_params and status == "completed":
@@ -161,8 +188,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         with open(tmp, "wb") as fh:
             np.save(fh, x.cpu().numpy())
         tmp.replace(out_dir / "params.npy")
-    return rec.summary({
-        "status": status, "profile": cfg.profile, "algo": cfg.algo.name, "data": ds.label, "data_source": ds.source,
+    summary = rec.summary({
+        "status": status, "config_key": key, "profile": cfg.profile, "algo": cfg.algo.name, "data": ds.label,
+        "data_source": ds.source,
         "split": ds.split, "train_size": len(ds.y_train), "test_size": len(ds.y_test),
         "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": flat.dim,
         "backend": clients.engine.backend, "device": str(setup.device), "threads": torch.get_num_threads(),
@@ -174,6 +202,17 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "versions": {"normfl": normfl.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
     })
+    checkpoint.remove(out_dir)                               # the summary now stands for the run
+    return summary
+
+
+def finished(out_dir: Path, key: str) -> dict | None:
+    """The summary of this config's completed or diverged run in ``out_dir``, if it holds one."""
+    try:
+        summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("config_key") == key and summary.get("status") in FINISHED else None
 
 
 def peak_rss_mb() -> float | None:

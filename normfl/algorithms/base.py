@@ -79,6 +79,14 @@ class Algorithm:
         """Run round k from x; return x^{k+1} and {'loss': mean client loss at x^k, 'uploads': int}."""
         raise NotImplementedError
 
+    def state_dict(self) -> dict:
+        """Everything a round changes or reads (client memories, τ state, ...), for a checkpoint:
+        the instance's attributes less the privacy config and the accountant cache, rebuilt on use."""
+        return {k: v for k, v in vars(self).items() if k not in ("privacy", "_ledger")}
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
+
     def memory_gap(self) -> float | None:
         """||ĝ - mean_i g_i|| for error-feedback methods (0 without noise); None otherwise."""
         return None

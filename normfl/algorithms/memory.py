@@ -28,8 +28,28 @@ class ClientMemory:
         if n * self.row_bytes <= DENSE_LIMIT:
             self.rows, self.file = torch.zeros(n, d, device=device, dtype=dtype), None
         else:
-            self.rows, self.file = None, tempfile.TemporaryFile(prefix="normfl-client-memory-")
-            os.ftruncate(self.file.fileno(), n * self.row_bytes)        # sparse: reads as zeros
+            self._open_file()
+        self.touched: set[int] = set()                      # rows ever written (what a checkpoint keeps)
+
+    def _open_file(self) -> None:
+        self.rows, self.file = None, tempfile.TemporaryFile(prefix="normfl-client-memory-")
+        os.ftruncate(self.file.fileno(), self.n * self.row_bytes)       # sparse: reads as zeros
+
+    def __getstate__(self) -> dict:
+        """For a checkpoint: the dense rows, or only the rows ever written when on disk."""
+        state = {k: v for k, v in vars(self).items() if k != "file"}
+        if self.on_disk:
+            ids = torch.tensor(sorted(self.touched), dtype=torch.long)
+            state["written"] = (ids, self[ids].cpu())
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        written = state.pop("written", None)
+        vars(self).update(state, file=None)
+        if written is not None:
+            self._open_file()
+            ids, rows = written
+            self._write(ids, rows.numpy())
 
     @property
     def on_disk(self) -> bool:
@@ -56,9 +76,12 @@ class ClientMemory:
                 self.rows.index_add_(0, ids, update)
             return
         ids = torch.arange(self.n) if ids is None else ids
-        new = (self[ids] + update).cpu().numpy()
-        for i, row in zip(ids.tolist(), new, strict=True):
+        self._write(ids, (self[ids] + update).cpu().numpy())
+
+    def _write(self, ids: torch.Tensor, rows: np.ndarray) -> None:
+        for i, row in zip(ids.tolist(), rows, strict=True):
             os.pwrite(self.file.fileno(), row.tobytes(), i * self.row_bytes)
+        self.touched.update(ids.tolist())
 
     def mean(self, chunk: int = 4096) -> torch.Tensor:
         """(1/n) Σ_i v_i (read in chunks of rows when on disk)."""

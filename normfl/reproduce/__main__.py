@@ -18,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from normfl.config import config_key
 from normfl.reproduce import store
 
 DEFAULT_STORE = store.ROOT / "outputs" / "store"
@@ -80,7 +81,7 @@ def adopt(dirs: list[str], profile: str, store_dir: Path) -> None:
             continue
         cfg = OmegaConf.load(cfg_file)
         cfg.profile = profile
-        target = store_dir / store.config_key(cfg)
+        target = store_dir / config_key(cfg)
         if target.exists():
             print(f"skipped {d}: the store already has {target.name}")
             continue

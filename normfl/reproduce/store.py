@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
-import hashlib
 import itertools
 import json
 import os
@@ -35,15 +34,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from normfl import checkpoint
 from normfl.config import GRID_PROFILES as PROFILES
+from normfl.config import config_key
 from normfl.errors import ConfigError
+from normfl.results import FINISHED
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
-# Keys that do not change what a run computes (where and how fast it runs, what it prints).
-NOT_IN_KEY = ("hydra", "grid", "paper", "quick", "threads", "progress", "backend", "device", "logger",
-              "data_root", "offline_data", "save_params")
-FINISHED = ("completed", "diverged")
 
 
 def value_text(v) -> str:
@@ -137,13 +135,6 @@ def jobs(name: str, profile: str) -> list[Job]:
     return [job for job in out if unique[job.key] is job]
 
 
-def config_key(cfg: DictConfig) -> str:
-    """A stable hash of what a run computes: the resolved config without NOT_IN_KEY."""
-    data = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
-    text = json.dumps(data, sort_keys=True, default=str)
-    return f"{cfg.algo.name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
-
-
 def status(run_dir: Path) -> str:
     """completed | diverged | failed | missing (no summary: never run, or killed part-way)."""
     try:
@@ -157,8 +148,8 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
     """Train every job whose run is not finished, ``parallel`` at a time; returns status counts.
 
     Each run is a ``train.py`` subprocess writing into its store folder, so a crash or a divergence
-    stays with that run and the others go on. A folder without a summary (a killed run) is cleared
-    and run again.
+    stays with that run and the others go on. A folder without a summary (a killed run) continues
+    from its checkpoint, or is cleared and run again if it has none.
     """
     skip = FINISHED if retry_failed else (*FINISHED, "failed")
     todo = [job for job in job_list if status(job.dir(store)) not in skip]
@@ -168,12 +159,14 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
 
     def one(job: Job) -> str:
         d = job.dir(store)
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
+        resume = (d / checkpoint.NAME).exists()
+        if not resume:
+            shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, str(ROOT / "train.py"), *job.overrides, f"hydra.run.dir={d}",
                f"threads={threads}", "progress=false"]
         t0 = time.time()
-        with open(d / "stdout.txt", "w") as fh:
+        with open(d / "stdout.txt", "a" if resume else "w") as fh:
             subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False)
         st = status(d)
         if st == "missing":  # refused or crashed before writing its summary

@@ -1,0 +1,46 @@
+"""A run's checkpoint: everything needed to continue it from the last saved round, bit for bit.
+
+One file, ``checkpoint.pt`` in the run directory, written atomically (temporary file, then rename),
+so a run killed at any moment leaves either the previous checkpoint or the new one. It records the
+config key it belongs to; resuming under another config is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from normfl.errors import ConfigError
+
+NAME = "checkpoint.pt"
+
+
+def save(out_dir: Path, key: str, state: dict) -> None:
+    path = Path(out_dir) / NAME
+    tmp = path.with_name(f".{NAME}.tmp")
+    with open(tmp, "wb") as fh:
+        torch.save({"config_key": key, **state}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load(out_dir: Path, key: str) -> dict | None:
+    """The checkpoint in ``out_dir`` (None if there is none); refused if it is another config's."""
+    path = Path(out_dir) / NAME
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:                             # truncated or not a checkpoint
+        raise ConfigError("resume", str(path), f"a readable checkpoint ({err}); resume=false starts over") from err
+    if state.get("config_key") != key:
+        raise ConfigError("resume", str(path), f"a checkpoint of this config ({key}), not of "
+                          f"{state.get('config_key')}; resume=false starts over here, or choose another run directory")
+    return state
+
+
+def remove(out_dir: Path) -> None:
+    (Path(out_dir) / NAME).unlink(missing_ok=True)

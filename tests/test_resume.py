@@ -1,0 +1,78 @@
+"""Checkpoint and resume: a run killed by a signal continues from its last checkpoint and ends with
+the same metrics and parameters as a run never interrupted; finished runs are not rerun."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["dataset=fashion_mnist", "model=logreg", "dataset.train_limit=2000", "dataset.test_limit=500",
+        "rounds=600", "eval_every=50", "checkpoint_every=20", "progress=false", "backend=sequential",
+        "save_params=true", "threads=1"]
+ALGOS = {
+    "normec": ["algo=normec", "clients=4", "algo.beta=0.1", "algo.gamma=0.1"],
+    "dp_fed_normec": ["algo=dp_fed_normec", "clients=6", "p=0.5", "algo.beta=0.1", "algo.gamma=0.1",
+                      "algo.local_steps=2"],
+    "dp_normfedavg": ["algo=dp_normfedavg", "clients=6", "algo.cohort_size=3", "algo.local_steps=2",
+                      "batch_size=16"],
+}
+
+
+def command(data_root, run_dir, *overrides):
+    return [sys.executable, str(REPO / "train.py"), f"data_root={data_root}", *BASE, *overrides,
+            f"hydra.run.dir={run_dir}"]
+
+
+def train(data_root, run_dir, *overrides):
+    out = subprocess.run(command(data_root, run_dir, *overrides), cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def kill_after_checkpoint(data_root, run_dir, *overrides):
+    """Start the run, SIGKILL it once it has written a checkpoint and some metrics."""
+    proc = subprocess.Popen(command(data_root, run_dir, *overrides), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    while proc.poll() is None and not ((run_dir / "checkpoint.pt").exists() and (run_dir / "metrics.csv").exists()):
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_killed_run_resumes_to_identical_outputs(algo, tmp_path, data_root):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    kill_after_checkpoint(data_root, killed, *ALGOS[algo])
+    assert (killed / "checkpoint.pt").exists() and not (killed / "summary.json").exists()   # killed part-way
+    assert not list(killed.glob(".*.tmp"))                                   # no half-written file left
+    rows_at_kill = len(pd.read_csv(killed / "metrics.csv"))
+    assert 1 <= rows_at_kill < 601
+    out = train(data_root, killed, *ALGOS[algo])
+    assert "resuming from round" in out.stdout + out.stderr
+    train(data_root, whole, *ALGOS[algo])
+    a, b = (pd.read_csv(d / "metrics.csv").drop(columns="wall_time") for d in (whole, killed))
+    pd.testing.assert_frame_equal(a, b)
+    assert np.array_equal(np.load(whole / "params.npy"), np.load(killed / "params.npy"))
+    assert not (killed / "checkpoint.pt").exists()                           # removed once the run ended
+
+
+def test_finished_run_is_not_rerun_and_another_config_is_refused(tmp_path, data_root):
+    train(data_root, tmp_path, *ALGOS["normec"], "rounds=30")
+    before = (tmp_path / "summary.json").read_text()
+    out = train(data_root, tmp_path, *ALGOS["normec"], "rounds=30", "threads=2")     # threads: same run
+    assert "already holds this config's finished run" in out.stdout + out.stderr
+    assert (tmp_path / "summary.json").read_text() == before
+    kill_after_checkpoint(data_root, tmp_path / "k", *ALGOS["normec"])
+    refused = subprocess.run(command(data_root, tmp_path / "k", *ALGOS["normec"], "seed=7"), cwd=REPO,
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "resume" in refused.stderr and "resume=false" in refused.stderr
+    train(data_root, tmp_path / "k", *ALGOS["normec"], "seed=7", "resume=false", "rounds=30")
+    assert json.loads((tmp_path / "k" / "summary.json").read_text())["seed"] == 7
