@@ -82,6 +82,10 @@ def build(cfg: DictConfig) -> Setup:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = pick_device(cfg.device.name)
+    try:                                     # before the data: a setting the algorithm lacks is bad input
+        algo = instantiate(cfg.algo)
+    except InstantiationException as err:
+        raise ConfigError("algo", cfg.algo.name, str(err.__cause__ or err)) from err
     ds, parts = build_data(cfg)
     validate_data(cfg, parts)
 
@@ -89,7 +93,6 @@ def build(cfg: DictConfig) -> Setup:
     model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
     flat = FlatModel(model, device)
     x = flat.vector()
-    algo = instantiate(cfg.algo)
     algo.setup(x, cfg.clients, cfg.rounds, build_privacy(cfg), cfg.seed)
 
     prep = Preprocess(ds.mean, ds.std, device)

@@ -6,6 +6,7 @@ place it looked. There is never a fallback to synthetic data.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -31,6 +32,10 @@ OFFLINE_ENV = "NORMFL_OFFLINE_DATA"
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_JPEG_ARCHIVE = "cifar10-jpeg.tar.xz"
 CIFAR10_LABELS = "cifar10-canonical-labels.npz"
+SHA256 = {  # the offline copy's files, as published with it (shared/data/README.md)
+    CIFAR10_JPEG_ARCHIVE: "c6a3459d6a507684c4b097fa19f6367762beeb91d82527ac99ff463bcde30208",
+    CIFAR10_LABELS: "2adcb621b226054b45ea498e5151b50747ee667e75829c059844e7b78f6b5196",
+}
 CIFAR10_CACHE = "cifar10-jpeg-cache.npz"
 _CACHE_FORMAT = "normfl-cifar10-jpeg-v1"
 _JPEG_MEMBER = re.compile(r"(?:^|/)(train|test)/([a-z]+)/(\d+)\.jpg$")
@@ -292,6 +297,10 @@ def _cifar_jpeg(root: Path, offline: Path | None, looked: list[str]):
     if missing:
         looked.append(f"{' and '.join(missing)}: not found (offline JPEG copy)")
         return None, None
+    corrupt = [why for p in (archive, labels) if (why := _checksum_mismatch(p))]
+    if corrupt:
+        looked += corrupt
+        return None, None
     log.info("decoding %s once (about 10 s); cache: %s", archive, cache)
     data = decode_cifar10_jpeg(archive, labels)
     try:
@@ -299,6 +308,16 @@ def _cifar_jpeg(root: Path, offline: Path | None, looked: list[str]):
     except OSError as e:
         log.warning("could not write the cache %s: %s", cache, e)
     return _cifar_tensors(data), str(archive)
+
+
+def _checksum_mismatch(path: Path) -> str | None:
+    """Why ``path`` is not the published file (its sha256 differs: corrupted or truncated), or None."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    got, want = digest.hexdigest(), SHA256[path.name]
+    return None if got == want else f"{path}: sha256 {got} is not the published {want} (corrupted or truncated copy)"
 
 
 def _cifar_tensors(d):
