@@ -341,20 +341,21 @@ def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
         for h in hooks:
             h.remove()
     deltas = torch.autograd.grad(loss.sum(), [outputs[m] for m in layers], retain_graph=True)
-    sq = torch.zeros(len(yb), device=loss.device, dtype=loss.dtype)
+    sq = torch.zeros(len(yb), device=loss.device, dtype=torch.float64)   # squares of float32 values fit
     for m, delta in zip(layers, deltas, strict=True):
         a = inputs[m].detach()
         if isinstance(m, nn.Linear):
             if a.dim() != 2:
                 raise NotImplementedError("per-sample norms need Linear inputs of shape [batch, features]")
-            sq += delta.pow(2).sum(1) * (a.pow(2).sum(1) + (m.bias is not None))
+            sq += delta.double().pow(2).sum(1) * (a.double().pow(2).sum(1) + (m.bias is not None))
         else:
             u = F.unfold(a, m.kernel_size, m.dilation, m.padding, m.stride)                 # [b, in·k·k, L]
             dl = delta.flatten(2)                                                          # [b, out, L]
-            sq += torch.einsum("bol,bkl->bok", dl, u).pow(2).flatten(1).sum(1)
+            sq += torch.einsum("bol,bkl->bok", dl, u).double().pow(2).flatten(1).sum(1)
             if m.bias is not None:
-                sq += dl.sum(2).pow(2).sum(1)
-    factor = 1.0 / torch.clamp(sq.sqrt() / clip, min=1.0)
+                sq += dl.sum(2).double().pow(2).sum(1)
+    sq = torch.nan_to_num(sq, nan=float("inf"))     # 0·inf from extreme inputs: that sample is dropped, not NaN
+    factor = (1.0 / torch.clamp(sq.sqrt() / clip, min=1.0)).to(loss.dtype)
     grads = torch.autograd.grad((factor.detach() * loss).sum(), list(flat.module.parameters()))
     return torch.cat([g.reshape(-1) for g in grads]), loss.detach().mean()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import numbers
 import os
 from pathlib import Path
 
@@ -38,6 +39,10 @@ class Recorder:
                                     reinit="finish_previous")
 
     def add(self, row: dict) -> None:
+        """One round's metrics. Scalars only, so no client's data or update can be logged by accident."""
+        for k, v in row.items():
+            if v is not None and not isinstance(v, (numbers.Number, str)):
+                raise TypeError(f"metric {k!r} must be a scalar (a number, str or None), got {type(v).__name__}")
         self.rows.append(row)
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if v is not None and k != "round"}, step=row["round"])
