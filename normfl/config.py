@@ -197,6 +197,10 @@ def validate_data(cfg: DictConfig, parts) -> None:
     if empty:
         raise ConfigError("partition", cfg.partition._target_, f"a partition giving every client data "
                           f"(clients {empty[:5]} got none)")
+    sizes = sorted({len(p) for p in parts})
+    if cfg.algo.get("local_operator") == "ig" and len(sizes) > 1:
+        raise ConfigError("algo.local_operator", "ig", f"gd, or a partition with equal shard sizes (an incremental "
+                          f"pass takes the same steps on every client; sizes here run {sizes[0]}..{sizes[-1]})")
 
 
 # What does not change what a run computes: left out of its key (the run store's folder names, and

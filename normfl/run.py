@@ -90,7 +90,11 @@ def build(cfg: DictConfig) -> Setup:
     validate_data(cfg, parts)
 
     torch.manual_seed(cfg.seed)
-    model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
+    try:
+        model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
+    except InstantiationException as err:    # e.g. a convolutional model on flat features
+        raise ConfigError("model", _kind(cfg.model), f"a model for inputs of shape {tuple(ds.x_train.shape[1:])} "
+                          f"({err.__cause__ or err})") from err
     flat = FlatModel(model, device)
     x = flat.vector()
     algo.setup(x, cfg.clients, cfg.rounds, build_privacy(cfg), cfg.seed)

@@ -76,3 +76,21 @@ def test_finished_run_is_not_rerun_and_another_config_is_refused(tmp_path, data_
     assert refused.returncode != 0 and "resume" in refused.stderr and "resume=false" in refused.stderr
     train(data_root, tmp_path / "k", *ALGOS["normec"], "seed=7", "resume=false", "rounds=30")
     assert json.loads((tmp_path / "k" / "summary.json").read_text())["seed"] == 7
+
+
+def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root):
+    """A job that crashes is recorded as failed with its error while the others finish; running the
+    same sweep again in the same sweep dir leaves the finished jobs alone."""
+    cmd = [sys.executable, str(REPO / "train.py"), "-m", f"data_root={data_root}", *BASE, "rounds=4",
+           f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "algo=normec,crasher", "clients=4",
+           f"hydra.sweep.dir={tmp_path}"]
+    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    jobs = {d.name.split("_", 1)[0]: d for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit()}
+    done, crashed = (json.loads((jobs[j] / "summary.json").read_text()) for j in ("0", "1"))
+    assert done["status"] == "completed"
+    assert crashed["status"] == "failed" and "crashed on purpose in round 1" in crashed["error"]
+    before = (jobs["0"] / "summary.json").read_text()
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert "already holds this config's finished run" in again.stdout + again.stderr
+    assert (jobs["0"] / "summary.json").read_text() == before
