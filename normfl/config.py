@@ -17,7 +17,7 @@ from normfl.algorithms.local import OPERATORS
 from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
 from normfl.algorithms.tau import T_MODES, TAU_RULES
 from normfl.data.sources import SPLITS
-from normfl.engine import BACKENDS, ORACLES
+from normfl.engine import BACKENDS, ORACLES, PRECISIONS
 from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
 from normfl.privacy.sgm import METHODS as RC_METHODS
@@ -66,6 +66,12 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "profile", PROFILES, optional=False)
     _choice(cfg, "oracle", ORACLES, optional=False)
     _choice(cfg, "backend", BACKENDS, optional=False)
+    _choice(cfg, "precision", PRECISIONS, optional=False)
+    if cfg.precision == "bf16" and cfg.device.name == "mps":
+        raise ConfigError("precision", "bf16", "fp32 on mps (bf16 autocast needs a CPU or CUDA device)")
+    if cfg.precision == "bf16" and cfg.backend == "vmap":
+        raise ConfigError("precision", "bf16", "fp32 with backend=vmap (its batch norm does not take bf16 autocast); "
+                          "bf16 runs on backend=sequential, which auto then picks")
     _choice(cfg, "device.name", ("auto", "cpu", "cuda", "mps"), optional=False)
     _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
     _choice(cfg, "logger.mode", ("offline", "online", "disabled"))
@@ -208,9 +214,14 @@ def validate_data(cfg: DictConfig, parts) -> None:
 NOT_IN_KEY = ("hydra", "grid", "paper", "quick", "threads", "progress", "backend", "device", "logger",
               "data_root", "offline_data", "save_params", "checkpoint_every", "resume")
 
+KEY_DEFAULTS = {"precision": "fp32"}
+
 
 def config_key(cfg: DictConfig) -> str:
     """A stable hash of what a run computes: the resolved config without NOT_IN_KEY."""
     data = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
+    for k, default in KEY_DEFAULTS.items():  # keys added later: absent at their default, so older keys stand
+        if data.get(k) == default:
+            del data[k]
     text = json.dumps(data, sort_keys=True, default=str)
     return f"{cfg.algo.name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"

@@ -34,6 +34,7 @@ from normfl.data import augment_crop_flip, normalize
 
 BACKENDS = ("auto", "sequential", "vmap")
 ORACLES = ("minibatch", "full")
+PRECISIONS = ("fp32", "bf16")
 
 
 def pick_device(name: str) -> torch.device:
@@ -58,13 +59,18 @@ class FlatModel:
     ``torch.nn.utils.vector_to_parameters``).
     """
 
-    def __init__(self, module: nn.Module, device: torch.device):
+    def __init__(self, module: nn.Module, device: torch.device, precision: str = "fp32"):
         self.module = module.to(device)
-        self.device = device
+        self.device, self.precision = device, precision
         self.names = [n for n, _ in module.named_parameters()]
         self.shapes = [p.shape for p in module.parameters()]
         self.sizes = [p.numel() for p in module.parameters()]
         self.dim = sum(self.sizes)
+
+    def autocast(self):
+        """The forward pass's precision: fp32, or bf16 autocast (parameters, gradients and everything the
+        algorithms do with them stay fp32; only the model's matmuls and convolutions run in bf16)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def vector(self) -> torch.Tensor:
         return torch.nn.utils.parameters_to_vector(self.module.parameters()).detach().clone()
@@ -97,7 +103,8 @@ class FlatModel:
         loss, correct = 0.0, 0
         for s in range(0, len(ys), batch):
             xb, yb = prep(xs[s:s + batch]), ys[s:s + batch].to(self.device)
-            out = self.module(xb)
+            with self.autocast():
+                out = self.module(xb).float()
             loss += F.cross_entropy(out, yb, reduction="sum").item()
             correct += (out.argmax(1) == yb).sum().item()
         self.module.train()
@@ -293,7 +300,8 @@ class ClientEngine:
         for i, (xb, yb, _) in enumerate(piece):
             if x.dim() == 2:
                 flat.load(x[i])
-            loss = F.cross_entropy(flat.module(xb), yb)
+            with flat.autocast():
+                loss = F.cross_entropy(flat.module(xb).float(), yb)
             torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)], out=G[i])
             losses[i] = loss.detach()
         return G, losses

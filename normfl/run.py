@@ -95,7 +95,7 @@ def build(cfg: DictConfig) -> Setup:
     except InstantiationException as err:    # e.g. a convolutional model on flat features
         raise ConfigError("model", _kind(cfg.model), f"a model for inputs of shape {tuple(ds.x_train.shape[1:])} "
                           f"({err.__cause__ or err})") from err
-    flat = FlatModel(model, device)
+    flat = FlatModel(model, device, cfg.precision)
     x = flat.vector()
     algo.setup(x, cfg.clients, cfg.rounds, build_privacy(cfg), cfg.seed)
 
@@ -105,7 +105,7 @@ def build(cfg: DictConfig) -> Setup:
     engine = ClientEngine(flat, cfg.backend)
     clients = Clients(engine, data)
     if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
-        sample = clients.peek(range(min(len(data), 64))) if data.uniform() else []
+        sample = clients.peek(range(min(len(data), 64))) if data.uniform() and cfg.precision == "fp32" else []
         engine.backend = choose_backend(engine, x, sample, _backend_key(cfg, flat.dim, device))
     elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
@@ -200,7 +200,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "data_source": ds.source,
         "split": ds.split, "train_size": len(ds.y_train), "test_size": len(ds.y_test),
         "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": flat.dim,
-        "backend": clients.engine.backend, "device": str(setup.device), "threads": torch.get_num_threads(),
+        "backend": clients.engine.backend, "precision": cfg.precision, "device": str(setup.device),
+        "threads": torch.get_num_threads(),
         "noise_std": algo.noise_std, "bits_per_coord": bits, "private": algo.private,
         "privacy": algo.privacy_report(rec.rows[-1]["round"]) if algo.private else None,
         "wall_time_s": time.perf_counter() - t_start,
@@ -240,7 +241,8 @@ def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
     """What the faster backend depends on: model, size, hardware, clients, batch, torch, threads."""
     hw = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     return "|".join(map(str, (_kind(cfg.model), dim, device, hw, cfg.clients, cfg.batch_size,
-                              cfg.oracle, torch.__version__, torch.get_num_threads())))
+                              cfg.oracle, torch.__version__, torch.get_num_threads())
+                    + ((cfg.precision,) if cfg.precision != "fp32" else ())))
 
 
 def _discard(out_dir: Path, log_name: str) -> None:

@@ -29,6 +29,7 @@ def refused(run_dir: Path, *overrides) -> str:
     (["algo=clip21", "+algo.server_norm=true"], ["algo='clip21'", "server_norm"]),     # Clip21 has no SN
     (["resume=maybe"], ["resume", "True | False"]),
     (["algo=fed_normec", "algo.local_operator=ig", "partition=dirichlet"], ["algo.local_operator", "equal shard"]),
+    (["precision=bf16", "backend=vmap"], ["precision", "backend=sequential"]),
 ])
 def test_bad_config_is_refused(overrides, needles, tmp_path, data_root):
     text = refused(tmp_path / "run", *FMNIST, f"data_root={data_root}", *overrides)

@@ -51,7 +51,7 @@ def test_default_is_normec_setup():
     ("dataset=npz", "dataset.path"), ("partition=dirichlet", None), ("partition.alpha=0", "partition.alpha"),
     ("privacy.calibration=exact", "privacy.calibration"), ("privacy.neighbouring=swap", "privacy.neighbouring"),
     ("accountant=pld", None), ("accountant.name=prv", "accountant.name"), ("profile=fast", "profile"),
-    ("checkpoint_every=-1", "checkpoint_every"), ("resume=maybe", "resume"),
+    ("checkpoint_every=-1", "checkpoint_every"), ("resume=maybe", "resume"), ("precision=fp16", "precision"),
 ])
 def test_validation_names_key_value_and_rule(override, key):
     if override == "partition.alpha=0":
