@@ -12,7 +12,9 @@ variant alike (medians over ``--reps`` rounds, after one warm-up round):
 - ``paper-style``: the same work done the way the papers' public code does it: a deepcopy of the
   global model per client, a torch DataLoader over PIL images with torchvision transforms, and
   state-dict averaging (per-sample gradients by a loop over samples for DP-SGD);
-- ``eval``: one pass over the test set (normfl's evaluation).
+- ``eval``: one pass over the test set (normfl's evaluation);
+- ``+bf16``: normfl's sequential backend and the floor under bf16 autocast (``precision=bf16``;
+  not for DP-SGD, whose per-sample clipping stays fp32).
 
 Settings: A NORMEC (CIFAR-10 ResNet20, 10 clients x one gradient of batch 32); B NormFedAvg
 (Fashion-MNIST MLP, 25 of 50 clients x 20 local steps x batch 256); C FEDNORMEC (20 clients,
@@ -81,12 +83,14 @@ def local_steps(cfg) -> bool:
 
 
 class Floor:
-    """Forward + backward (+ SGD step) of each logged piece on one plain model, nothing else."""
+    """Forward + backward (+ SGD step) of each logged piece on one plain model, nothing else
+    (optionally under bf16 autocast, the floor of precision=bf16)."""
 
-    def __init__(self, cfg, ds, device):
+    def __init__(self, cfg, ds, device, bf16: bool = False):
         self.model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
         self.model.to(device).train()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3) if local_steps(cfg) else None
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
     def __call__(self, log):
         for _, _, batches in log:
@@ -95,7 +99,9 @@ class Floor:
                     if len(yb) == 0:
                         continue
                     self.model.zero_grad(set_to_none=True)
-                    F.cross_entropy(self.model(xb), yb).backward()
+                    with self.autocast:
+                        loss = F.cross_entropy(self.model(xb).float(), yb)
+                    loss.backward()
                     if self.opt:
                         self.opt.step()
 
@@ -182,9 +188,10 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
     setup = build(cfg)
     clients = LoggedClients(setup.clients)
     floor, paper = Floor(cfg, setup.ds, setup.device), PaperStyle(cfg, setup)
+    floor_bf16 = Floor(cfg, setup.ds, setup.device, bf16=True)
     sync = torch.cuda.synchronize if setup.device.type == "cuda" else (lambda: None)
     dp = bool(cfg.algo.get("sample_rate"))
-    backends = ["layer norms", "vmap"] if dp else ["sequential", "vmap"]
+    backends = ["layer norms", "vmap"] if dp else ["sequential", "vmap", "sequential+bf16"]
     layers = clients.engine.norm_layers
     x, k, times = setup.x, 0, {}
 
@@ -200,12 +207,15 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
         for b in backends:
             if dp:                                           # per-sample clipping: from layer norms, or vmap
                 clients.engine.norm_layers = layers if b == "layer norms" else None
-            else:
-                clients.engine.backend = b
+            else:                                            # precision=bf16 runs on the sequential backend
+                clients.engine.backend = b.removesuffix("+bf16")
+                setup.flat.precision = "bf16" if b.endswith("+bf16") else "fp32"
             clients.log = []
             x, _ = timed(f"normfl/{b}", setup.algo.round, k, x, clients)
             k += 1
         timed("floor", floor, clients.log)
+        if not dp:                                           # DP-SGD's clipping is never autocast
+            timed("floor+bf16", floor_bf16, clients.log)
         timed("paper-style", paper, clients.log)
         timed("eval", setup.flat.evaluate, x, setup.ds.x_test, setup.ds.y_test, setup.prep)
     med = {label: statistics.median(v[1:]) for label, v in times.items()}   # the first round warms up

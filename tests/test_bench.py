@@ -11,12 +11,14 @@ SPEC.loader.exec_module(bench)
 
 
 @pytest.mark.parametrize("setting, overrides", [
-    ("B", ["algo.local_steps=2", "batch_size=16", "dataset.test_limit=200"]),
-    ("D", ["algo.sample_rate=0.002", "dataset.test_limit=200"]),
+    ("B", ["algo.local_steps=2", "batch_size=16", "clients=8", "algo.cohort_size=4", "dataset.train_limit=4000",
+           "dataset.test_limit=200"]),
+    ("D", ["algo.sample_rate=0.01", "clients=4", "dataset.train_limit=4000", "dataset.test_limit=200"]),
 ])
 def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
     rows = bench.bench(setting, [f"data_root={data_root}", *overrides], reps=1)
     got = {r["variant"]: r for r in rows}
-    backends = ["normfl/layer norms", "normfl/vmap"] if setting == "D" else ["normfl/sequential", "normfl/vmap"]
+    backends = (["normfl/layer norms", "normfl/vmap"] if setting == "D" else
+                ["normfl/sequential", "normfl/vmap", "normfl/sequential+bf16", "floor+bf16"])
     assert sorted(got) == sorted([*backends, "floor", "paper-style", "eval"])
     assert got["floor"]["vs_floor"] == 1.0 and all(r["seconds"] > 0 for r in rows)
