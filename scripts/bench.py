@@ -19,16 +19,20 @@ variant alike (medians over ``--reps`` rounds, after one warm-up round):
 Settings: A NORMEC (CIFAR-10 ResNet20, 10 clients x one gradient of batch 32); B NormFedAvg
 (Fashion-MNIST MLP, 25 of 50 clients x 20 local steps x batch 256); C FEDNORMEC (20 clients,
 p = 0.25: every client computes, the box); D DPFL (Fashion-MNIST CNN, per-sample clipped DP-SGD, one
-local step). Extra overrides apply to every setting. Prints one table (seconds and ratio to the
-floor) and writes outputs/bench/bench.csv.
+local step). Extra overrides apply to every setting. Last, sweep-level parallelism: runs per hour of a
+2 x 2 grid, one job at a time with all threads against joblib jobs with one thread each. Prints one
+table (seconds and ratio to the floor) and writes outputs/bench/bench.csv.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -223,11 +227,32 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
              "threads": torch.get_num_threads(), "device": str(setup.device)} for label, s in med.items()]
 
 
+def sweep_throughput(overrides: list[str], rounds: int) -> list[dict]:
+    """Runs per hour of a 2 x 2 NORMEC grid (β, γ), one job at a time with every core, against Hydra's
+    joblib launcher with the cores split between jobs (each a ``train.py -m`` sweep in its own dir)."""
+    cores = os.cpu_count() or 1
+    grid = ["algo=normec", "algo.beta=0.01,0.1", "algo.gamma=0.01,0.1", f"rounds={rounds}", f"eval_every={rounds}",
+            "progress=false", "backend=sequential", *(o for o in overrides if not o.startswith("threads="))]
+    modes = {f"1 job x {cores} threads": [f"threads={cores}"],
+             f"{cores} jobs x 1 thread (joblib)": ["threads=1", "hydra/launcher=joblib",
+                                                   f"hydra.launcher.n_jobs={cores}"]}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (label, extra) in enumerate(modes.items()):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, str(REPO / "train.py"), "-m", *grid, *extra, f"hydra.sweep.dir={tmp}/{i}"],
+                           cwd=REPO, check=True, capture_output=True)
+            rows.append({"setting": "sweep", "what": f"2 x 2 NORMEC grid, {rounds} rounds", "variant": label,
+                         "seconds": time.perf_counter() - t, "runs_per_hour": 4 * 3600 / (time.perf_counter() - t)})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--sweep-rounds", type=int, default=30, help="rounds per run of the sweep comparison (0: skip)")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench.csv")
     args, overrides = ap.parse_known_args()
     if args.threads:
@@ -236,6 +261,8 @@ def main():
     for name in args.settings:
         rows += bench(name, overrides, args.reps)
         print(f"  {name} done", file=sys.stderr)
+    if args.sweep_rounds:
+        rows += sweep_throughput(overrides, args.sweep_rounds)
     df = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out, index=False)
