@@ -155,3 +155,17 @@ def test_binomial_baseline_uses_cpsgd_trials_and_eq7_bits():
     assert (algo.mech.trials, algo.bits_per_coord) == (2_843_701, 23)                  # spec B.8, Table 4
     assert algo.noise_std == pytest.approx(math.sqrt(2_843_701 / 4) / 4096)
     assert algo.privacy_report(1)["per_message"] == {"epsilon": 10, "delta": 3e-6, "delta_exact": None}
+
+
+def test_aggregate_level_noise_per_client_or_at_the_server():
+    """Aggregate-level privacy divides the sensitivities by r; client_aggregate adds one draw per client
+    (std/sqrt(r) on the mean), server one draw on the mean."""
+    out = {}
+    for at in ("client", "client_aggregate", "server"):
+        a = NormFedAvg(0.1, beta=[[0, 1.0]], cohort_size=25, mechanism="qtdl", s=2**29, scope="all_rounds",
+                       sensitivity="worst_case", noise_at=at, local_steps=1)
+        a.setup(torch.zeros(1000), 50, 500, Privacy(epsilon=0.1, delta=1e-9), seed=0)
+        out[at] = a
+    assert out["client_aggregate"].sens.linf == pytest.approx(out["client"].sens.linf / 25)
+    assert out["server"].sens.linf == out["client_aggregate"].sens.linf
+    assert out["client_aggregate"].noise_by == "client" and out["server"].noise_by == "server"

@@ -18,8 +18,10 @@ The upload Ψ and the privatizer M give the paper's algorithms:
 | Clipping baseline (Sec. 6(ii))              | clip     | qtdl       |
 | FedAvg (Alg. 3: w_{k+1} = mean_i w_{k,E})   | update   | none, β=1  |
 
-``noise_at=server`` is the aggregate-level variant (App. G(iii)): clients send Q(Ψ(.)), and a
-trusted aggregator adds one TDL draw, calibrated to sensitivities divided by r, to their mean.
+Aggregate-level privacy (App. G(iii)) divides the sensitivities by r, so that only the mean of the r
+messages is private: with ``noise_at=client_aggregate`` each client adds its own TDL draw with those
+parameters (the paper's per-client m_i, α_i); with ``noise_at=server`` clients send Q(Ψ(.)) and a
+trusted aggregator adds one draw to their mean (r times the noise std on the mean).
 
 Privacy (spec B.5). ``scope=per_round``: each message is (ε, 2^-d)-DP by Theorem 1 (QTDL), or
 (ε, δ)-DP by cpSGD's Theorem 1 (Binomial), with ε = ``privacy.epsilon``. ``scope=all_rounds``:
@@ -61,7 +63,7 @@ UPLOADS = ("unit", "clip", "update")
 MECHANISMS = ("none", "qtdl", "binomial")
 SCOPES = ("per_round", "all_rounds")
 SENSITIVITIES = ("heuristic", "worst_case")
-NOISE_AT = ("client", "server")
+NOISE_AT = ("client", "client_aggregate", "server")
 
 
 class NormFedAvg(Algorithm):
@@ -80,7 +82,8 @@ class NormFedAvg(Algorithm):
         self.r, self.upload, self.clip_at = cohort_size, upload, float(clip)
         self.mechanism, self.s, self.scope = mechanism, int(s), scope
         self.sensitivity, self.mu = sensitivity, float(mu)
-        self.noise_by = noise_at                   # 'client' or 'server' (the base class's name for it)
+        self.noise_at = noise_at
+        self.noise_by = "server" if noise_at == "server" else "client"   # the base class's name for who adds it
         self.mech = None
 
     # -- schedules -------------------------------------------------------------------------------
@@ -103,7 +106,7 @@ class NormFedAvg(Algorithm):
         if self.mechanism == "none":
             return
         d = x0.numel()
-        scale = 1.0 / self.r if self.noise_by == "server" else 1.0
+        scale = 1.0 if self.noise_at == "client" else 1.0 / self.r        # aggregate-level: Δ / r
         self.sens = (heuristic_sensitivity(d, self.s, self.mu, scale) if self.sensitivity == "heuristic"
                      else worst_case_sensitivity(d, self.s, scale))
         if self.scope == "per_round":
@@ -166,9 +169,11 @@ class NormFedAvg(Algorithm):
         eps, delta = self.composed(k)
         sens = (f"heuristic: NFA eq. 6 with mu={self.mu:g}, not a worst-case bound"
                 if self.sensitivity == "heuristic" else "worst case: Definition 1's trivial bounds")
-        who = ("each client privatizes its own message; the server sees every message"
-               if self.noise_by == "client" else "a trusted aggregator adds one draw to the average of the "
-               "clients' quantized messages (aggregate-level privacy)")
+        who = {"client": "each client privatizes its own message; the server sees every message",
+               "client_aggregate": "each client adds noise calibrated to sensitivities divided by r, so only "
+                                   "the average of the r messages is private (aggregate-level privacy)",
+               "server": "a trusted aggregator adds one draw to the average of the clients' quantized "
+                         "messages (aggregate-level privacy)"}[self.noise_at]
         return {
             "mechanism": self.mechanism, "scope": self.scope, "s": self.s,
             "m": getattr(self.mech, "m", None), "alpha": getattr(self.mech, "alpha", None),
