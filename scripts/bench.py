@@ -86,6 +86,12 @@ def local_steps(cfg) -> bool:
     return bool(cfg.algo.get("local_steps", 1) > 1 or cfg.algo.get("sample_rate"))
 
 
+def sgd(cfg, params):
+    """The clients' optimizer as the algorithm configures it (NFA: momentum 0.9, weight decay 1e-4)."""
+    return torch.optim.SGD(params, lr=1e-3, momentum=cfg.algo.get("momentum") or 0.0,
+                           weight_decay=cfg.algo.get("weight_decay") or 0.0)
+
+
 class Floor:
     """Forward + backward (+ SGD step) of each logged piece on one plain model, nothing else
     (optionally under bf16 autocast, the floor of precision=bf16)."""
@@ -93,7 +99,7 @@ class Floor:
     def __init__(self, cfg, ds, device, bf16: bool = False):
         self.model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
         self.model.to(device).train()
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3) if local_steps(cfg) else None
+        self.opt = sgd(cfg, self.model.parameters()) if local_steps(cfg) else None
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
     def __call__(self, log):
@@ -139,7 +145,7 @@ class PaperStyle:
         self.loaders: dict = {}
         self.model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
         self.model.to(self.device).train()
-        self.step, self.clip = local_steps(cfg), cfg.algo.get("clip")
+        self.cfg, self.step, self.clip = cfg, local_steps(cfg), cfg.algo.get("clip")
 
     def _batch(self, i: int, size: int):
         key = (i, size)
@@ -161,7 +167,7 @@ class PaperStyle:
         states = []
         for i, steps in work.items():
             local = copy.deepcopy(self.model)
-            opt = torch.optim.SGD(local.parameters(), lr=1e-3)
+            opt = sgd(self.cfg, local.parameters())
             for kind, size in steps:
                 xb, yb = self._batch(i, size)
                 opt.zero_grad(set_to_none=True)
