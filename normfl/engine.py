@@ -67,10 +67,14 @@ class FlatModel:
         self.sizes = [p.numel() for p in module.parameters()]
         self.dim = sum(self.sizes)
 
-    def autocast(self):
-        """The forward pass's precision: fp32, or bf16 autocast (parameters, gradients and everything the
-        algorithms do with them stay fp32; only the model's matmuls and convolutions run in bf16)."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+    def forward(self, xb: torch.Tensor) -> torch.Tensor:
+        """The module's output, in the run's precision: as is, or under bf16 autocast and then cast to fp32
+        (parameters, gradients and everything the algorithms do with them stay fp32; only the model's
+        matmuls and convolutions run in bf16)."""
+        if self.precision != "bf16":
+            return self.module(xb)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            return self.module(xb).float()
 
     def vector(self) -> torch.Tensor:
         return torch.nn.utils.parameters_to_vector(self.module.parameters()).detach().clone()
@@ -103,8 +107,7 @@ class FlatModel:
         loss, correct = 0.0, 0
         for s in range(0, len(ys), batch):
             xb, yb = prep(xs[s:s + batch]), ys[s:s + batch].to(self.device)
-            with self.autocast():
-                out = self.module(xb).float()
+            out = self.forward(xb)
             loss += F.cross_entropy(out, yb, reduction="sum").item()
             correct += (out.argmax(1) == yb).sum().item()
         self.module.train()
@@ -258,7 +261,7 @@ class ClientEngine:
 
     def grads(self, x: torch.Tensor, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[d]`` (every client at the same point) or ``[n, d]``; returns ``([n, d], [n])``."""
-        fn = self._vmap if self.backend == "vmap" and uniform(batches) else self._sequential
+        fn = self._vmap if self.backend == "vmap" and len(batches) > 1 and uniform(batches) else self._sequential
         if all(len(b) == 1 and b[0][2] == 1.0 for b in batches):     # one minibatch each: no reweighting
             return fn(x, [b[0] for b in batches])
         n = len(batches)
@@ -300,8 +303,7 @@ class ClientEngine:
         for i, (xb, yb, _) in enumerate(piece):
             if x.dim() == 2:
                 flat.load(x[i])
-            with flat.autocast():
-                loss = F.cross_entropy(flat.module(xb).float(), yb)
+            loss = F.cross_entropy(flat.forward(xb), yb)
             torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)], out=G[i])
             losses[i] = loss.detach()
         return G, losses
