@@ -335,9 +335,10 @@ def _norm_layers(module: nn.Module) -> list[nn.Module] | None:
 
 
 def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
-    """Clipped per-sample gradient sum of one client from two backward passes. For a Linear layer the
-    per-sample weight gradient is δ_s a_s^T, so its squared norm is ||δ_s||² ||a_s||²; for a Conv2d it is
-    δ_s U_s^T with U_s the unfolded input. The clip factors c_s then weight the losses: ∇ Σ_s c_s ℓ_s."""
+    """Clipped per-sample gradient sum of one client from one backward pass, to the layers' outputs.
+    For a Linear layer the per-sample weight gradient is δ_s a_s^T, so its squared norm is
+    ||δ_s||² ||a_s||² and the clipped sum is (c ⊙ δ)^T A; for a Conv2d it is δ_s U_s^T with U_s the
+    unfolded input, formed per sample for its norm and then summed with the weights c_s."""
     flat.load(x)
     inputs, outputs = {}, {}
 
@@ -350,24 +351,38 @@ def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
     finally:
         for h in hooks:
             h.remove()
-    deltas = torch.autograd.grad(loss.sum(), [outputs[m] for m in layers], retain_graph=True)
+    deltas = torch.autograd.grad(loss.sum(), [outputs[m] for m in layers])
     sq = torch.zeros(len(yb), device=loss.device, dtype=torch.float64)   # squares of float32 values fit
+    pieces = []                                 # per layer: what its clipped sum is built from
     for m, delta in zip(layers, deltas, strict=True):
         a = inputs[m].detach()
         if isinstance(m, nn.Linear):
             if a.dim() != 2:
                 raise NotImplementedError("per-sample norms need Linear inputs of shape [batch, features]")
             sq += delta.double().pow(2).sum(1) * (a.double().pow(2).sum(1) + (m.bias is not None))
+            pieces.append((m, a, delta))
         else:
             u = F.unfold(a, m.kernel_size, m.dilation, m.padding, m.stride)                 # [b, in·k·k, L]
             dl = delta.flatten(2)                                                          # [b, out, L]
-            sq += torch.einsum("bol,bkl->bok", dl, u).double().pow(2).flatten(1).sum(1)
+            per_sample = torch.einsum("bol,bkl->bok", dl, u)                               # [b, out, in·k·k]
+            sq += per_sample.double().pow(2).flatten(1).sum(1)
             if m.bias is not None:
                 sq += dl.sum(2).double().pow(2).sum(1)
+            pieces.append((m, per_sample, dl))
     sq = torch.nan_to_num(sq, nan=float("inf"))     # 0·inf from extreme inputs: that sample is dropped, not NaN
-    factor = (1.0 / torch.clamp(sq.sqrt() / clip, min=1.0)).to(loss.dtype)
-    grads = torch.autograd.grad((factor.detach() * loss).sum(), list(flat.module.parameters()))
-    return torch.cat([g.reshape(-1) for g in grads]), loss.detach().mean()
+    c = (1.0 / torch.clamp(sq.sqrt() / clip, min=1.0)).to(loss.dtype)
+    grads = {}
+    for m, p, delta in pieces:
+        if isinstance(m, nn.Linear):
+            cd = c[:, None] * delta
+            grads[m.weight] = cd.T @ p
+            bias = cd.sum(0)
+        else:
+            grads[m.weight] = torch.einsum("b,bok->ok", c, p).reshape(m.weight.shape)
+            bias = (c[:, None] * delta.sum(2)).sum(0)
+        if m.bias is not None:
+            grads[m.bias] = bias
+    return torch.cat([grads[q].reshape(-1) for q in flat.module.parameters()]), loss.detach().mean()
 
 
 def _clipped_by_vmap(flat: FlatModel, x, xb, yb, clip: float, layers=None):
