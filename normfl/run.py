@@ -72,7 +72,9 @@ class Setup:
     flat: FlatModel
     x: torch.Tensor            # x^0
     algo: object               # the algorithm, set up for cfg.rounds
-    prep: Preprocess
+    prep: Preprocess           # turns a batch cut from x_train / x_test into model input
+    x_train: torch.Tensor      # ds.x_train, or normalized once when there is no augmentation
+    x_test: torch.Tensor
     data: ClientData
     clients: Clients
 
@@ -100,7 +102,10 @@ def build(cfg: DictConfig) -> Setup:
     algo.setup(x, cfg.clients, cfg.rounds, build_privacy(cfg), cfg.seed)
 
     prep = Preprocess(ds.mean, ds.std, device)
-    data = ClientData(ds.x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
+    x_train, x_test = ds.x_train, ds.x_test
+    if not cfg.dataset.augment:              # normalize once, on the device: a batch is then a gather
+        x_train, x_test, prep = prep(x_train), prep(x_test), Preprocess((), (), device)
+    data = ClientData(x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
     engine = ClientEngine(flat, cfg.backend)
     clients = Clients(engine, data)
@@ -109,7 +114,7 @@ def build(cfg: DictConfig) -> Setup:
         engine.backend = choose_backend(engine, x, sample, _backend_key(cfg, flat.dim, device))
     elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
-    return Setup(device, ds, parts, flat, x, algo, prep, data, clients)
+    return Setup(device, ds, parts, flat, x, algo, prep, x_train, x_test, data, clients)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
@@ -135,9 +140,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     upload_bytes = flat.dim * bits / 8
 
     def evaluate(row, at, k):
-        row["test_loss"], row["test_acc"] = flat.evaluate(at, ds.x_test, ds.y_test, setup.prep)
+        row["test_loss"], row["test_acc"] = flat.evaluate(at, setup.x_test, ds.y_test, setup.prep)
         if cfg.eval_train:
-            row["full_train_loss"], _ = flat.evaluate(at, ds.x_train, ds.y_train, setup.prep)
+            row["full_train_loss"], _ = flat.evaluate(at, setup.x_train, ds.y_train, setup.prep)
         if algo.private:
             row.update(algo.spent(k))
 

@@ -227,7 +227,7 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
         if not dp:                                           # DP-SGD's clipping is never autocast
             timed("floor+bf16", floor_bf16, clients.log)
         timed("paper-style", paper, clients.log)
-        timed("eval", setup.flat.evaluate, x, setup.ds.x_test, setup.ds.y_test, setup.prep)
+        timed("eval", setup.flat.evaluate, x, setup.x_test, setup.ds.y_test, setup.prep)
     med = {label: statistics.median(v[1:]) for label, v in times.items()}   # the first round warms up
     return [{"setting": name, "what": title, "variant": label, "seconds": s, "vs_floor": s / med["floor"],
              "threads": torch.get_num_threads(), "device": str(setup.device)} for label, s in med.items()]
