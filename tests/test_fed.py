@@ -194,3 +194,33 @@ def test_a_round_without_participants_moves_nothing_and_reports_no_loss():
     algo.setup(torch.zeros(4, dtype=F64), 5, 1, NOPRIV, seed=0)
     x, info = algo.round(0, torch.ones(4, dtype=F64), Quadratic(torch.zeros(5, 4, dtype=F64)))
     assert torch.equal(x, torch.ones(4, dtype=F64)) and info == {"loss": None, "uploads": 0}
+
+
+def test_disk_memories_survive_a_checkpoint(monkeypatch):
+    """An on-disk ClientMemory is checkpointed as the rows ever written; restored, the run goes on
+    exactly as one never interrupted."""
+    import io
+
+    monkeypatch.setattr(memory, "DENSE_LIMIT", 0)
+    centers = torch.randn(30, 5, generator=torch.Generator().manual_seed(8), dtype=F64)
+
+    def fresh():
+        a = FedNormEC(0.1, 0.5, 0.01, p=0.2, memory_update="participants_only")
+        a.setup(torch.zeros(5, dtype=F64), 30, 10, NOPRIV, seed=0)
+        return a
+
+    whole, x = fresh(), torch.zeros(5, dtype=F64)
+    for k in range(10):
+        x, _ = whole.round(k, x, Quadratic(centers))
+    first, y = fresh(), torch.zeros(5, dtype=F64)
+    for k in range(5):
+        y, _ = first.round(k, y, Quadratic(centers))
+    buf = io.BytesIO()
+    torch.save(first.state_dict(), buf)
+    buf.seek(0)
+    second = fresh()
+    second.load_state_dict(torch.load(buf, weights_only=False))
+    assert second.v.on_disk and second.v.touched == first.v.touched
+    for k in range(5, 10):
+        y, _ = second.round(k, y, Quadratic(centers))
+    assert torch.equal(x, y) and torch.equal(whole.v[None], second.v[None])
