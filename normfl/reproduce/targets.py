@@ -53,8 +53,9 @@ NFA_BIN_CAUSE = ("Seed 0 only so far. The Binomial column trains 1.7 points bett
 NFA_T5_CAUSE = ("Aggregate-level noise is read as each client's own draw for sensitivities Δ/r (the paper's "
                 "per-client m_i, α_i; noise_at=client_aggregate): the spec's single server draw on the mean (C-N6) "
                 "has 5 times the std there and made every run diverge within 5 rounds. With it DP-NormFedAvg "
-                "trains; the clipping baselines still diverge: they use the same noise (spec B.4) with β_0 = "
-                "2-10 (App. H), i.e. 2-10 times DP-NormFedAvg's noise on the model each round. Not resolved.")
+                "and Clipping(C = 0.5) train; Clipping(C = 0.1, 0.25) still diverge: they take the same noise "
+                "(spec B.4) with β_0 = 10 and 4 (App. H), 10 and 4 times DP-NormFedAvg's noise on the model "
+                "each round. Not resolved.")
 NFA_CIFAR_TOL = dict(tolerance=2.0, why="3 seeds; CIFAR-10 from the JPEG copy")
 
 # Line colours and styles the captions state (NORMEC-F1: β = 0.01 blue, 0.1 green, 1.0 orange, 10
