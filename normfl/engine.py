@@ -366,9 +366,10 @@ def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
             dl = delta.flatten(2)                                                          # [b, out, L]
             per_sample = torch.einsum("bol,bkl->bok", dl, u)                               # [b, out, in·k·k]
             sq += per_sample.double().pow(2).flatten(1).sum(1)
+            bias = dl.sum(2)                                                               # [b, out]
             if m.bias is not None:
-                sq += dl.sum(2).double().pow(2).sum(1)
-            pieces.append((m, per_sample, dl))
+                sq += bias.double().pow(2).sum(1)
+            pieces.append((m, per_sample, bias))
     sq = torch.nan_to_num(sq, nan=float("inf"))     # 0·inf from extreme inputs: that sample is dropped, not NaN
     c = (1.0 / torch.clamp(sq.sqrt() / clip, min=1.0)).to(loss.dtype)
     grads = {}
@@ -379,7 +380,7 @@ def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
             bias = cd.sum(0)
         else:
             grads[m.weight] = torch.einsum("b,bok->ok", c, p).reshape(m.weight.shape)
-            bias = (c[:, None] * delta.sum(2)).sum(0)
+            bias = (c[:, None] * delta).sum(0)                # delta: the per-sample bias gradients
         if m.bias is not None:
             grads[m.bias] = bias
     return torch.cat([grads[q].reshape(-1) for q in flat.module.parameters()]), loss.detach().mean()

@@ -75,8 +75,7 @@ class Setup:
     prep: Preprocess           # turns a batch cut from x_train / x_test into model input
     x_train: torch.Tensor      # ds.x_train, or normalized once when there is no augmentation
     x_test: torch.Tensor
-    data: ClientData
-    clients: Clients
+    clients: Clients           # the engine and the clients' data (clients.data)
 
 
 def build(cfg: DictConfig) -> Setup:
@@ -110,11 +109,12 @@ def build(cfg: DictConfig) -> Setup:
     engine = ClientEngine(flat, cfg.backend)
     clients = Clients(engine, data)
     if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
-        sample = clients.peek(range(min(len(data), 64))) if data.uniform() and cfg.precision == "fp32" else []
-        engine.backend = choose_backend(engine, x, sample, _backend_key(cfg, flat.dim, device))
+        timeable = data.uniform() and cfg.precision == "fp32"          # vmap needs both
+        engine.backend = (choose_backend(engine, x, clients.peek(range(min(len(data), 64))),
+                                         _backend_key(cfg, flat.dim, device)) if timeable else "sequential")
     elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
-    return Setup(device, ds, parts, flat, x, algo, prep, x_train, x_test, data, clients)
+    return Setup(device, ds, parts, flat, x, algo, prep, x_train, x_test, clients)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
@@ -149,7 +149,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if state:                                                # continue where the checkpoint left off
         x, sent, rec.rows = state["x"].to(x.device), state["sent"], state["rows"]
         algo.load_state_dict(state["algo"])
-        setup.data.load_state_dict(state["data"])
+        clients.data.load_state_dict(state["data"])
         flat.set_buffers(state["buffers"])
         clients.engine.backend = state["backend"]
         log.info("resuming from round %d (%s)", rec.rows[-1]["round"], checkpoint.NAME)
@@ -191,7 +191,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         if cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
             checkpoint.save(out_dir, key, {
                 "x": x, "sent": sent, "rows": rec.rows, "algo": algo.state_dict(),
-                "data": setup.data.state_dict(), "buffers": flat.buffers(), "backend": clients.engine.backend,
+                "data": clients.data.state_dict(), "buffers": flat.buffers(), "backend": clients.engine.backend,
                 "wall_time_s": time.perf_counter() - t_start})
     bar.close()
     rec.flush()
@@ -246,8 +246,7 @@ def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
     """What the faster backend depends on: model, size, hardware, clients, batch, torch, threads."""
     hw = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     return "|".join(map(str, (_kind(cfg.model), dim, device, hw, cfg.clients, cfg.batch_size,
-                              cfg.oracle, torch.__version__, torch.get_num_threads())
-                    + ((cfg.precision,) if cfg.precision != "fp32" else ())))
+                              cfg.oracle, torch.__version__, torch.get_num_threads())))
 
 
 def _discard(out_dir: Path, log_name: str) -> None:

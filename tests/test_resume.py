@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.test_end_to_end import train as train_py
+
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["dataset=fashion_mnist", "model=logreg", "dataset.train_limit=2000", "dataset.test_limit=500",
         "rounds=600", "eval_every=50", "checkpoint_every=20", "progress=false", "backend=sequential",
@@ -31,10 +33,7 @@ def command(data_root, run_dir, *overrides):
 
 
 def train(data_root, run_dir, *overrides):
-    out = subprocess.run(command(data_root, run_dir, *overrides), cwd=REPO, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out
+    return train_py(data_root, *BASE, *overrides, f"hydra.run.dir={run_dir}")
 
 
 def kill_after_checkpoint(data_root, run_dir, *overrides):
