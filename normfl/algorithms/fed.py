@@ -84,8 +84,9 @@ class FedNormEC(_Federated):
         q = self.weights(k, x.device)                        # 7: q_i = 1/p w.p. p, else 0
         ids = None if self.memory_update == "all" else participants(q)
         U, loss = self.pseudo_gradient(x, clients, ids)      # 4: T_i(x^k); U_i = (x^k - T_i(x^k))/γ
-        delta = norm_alpha(U - self.v[ids], self.alpha)      # 5: Δ_i = Norm_α(U_i - v_i)
-        self.v.add_(ids, self.beta * delta)                  # 6: v_i^{k+1} = v_i^k + β Δ_i
+        v = self.v[ids]                                      # the memories read once, written once
+        delta = norm_alpha(U - v, self.alpha)                # 5: Δ_i = Norm_α(U_i - v_i)
+        self.v[ids] = v + self.beta * delta                  # 6: v_i^{k+1} = v_i^k + β Δ_i
         sent = self.noise(delta, k)                          # 8/9: Δ̂_i = q_i (Δ_i + z_i)
         self.vhat += self.beta * self.aggregate(q, sent, ids)   # 11: v̂^{k+1} = v̂^k + (β/M) Σ Δ̂_i
         x = server_step(x, self.vhat, self.eta, self.server_norm)   # 12: x - η v̂ (/||v̂|| with SN)

@@ -55,38 +55,44 @@ class ClientMemory:
     def on_disk(self) -> bool:
         return self.file is not None
 
-    def _read(self, start: int, count: int) -> np.ndarray:
-        buf = os.pread(self.file.fileno(), count * self.row_bytes, start * self.row_bytes)
-        return np.frombuffer(bytearray(buf), dtype=self.np_dtype).reshape(count, self.d)
+    def _read_into(self, out: np.ndarray, start: int) -> np.ndarray:
+        """Rows start, start+1, ... of the file straight into ``out`` (one copy, from the page cache)."""
+        if os.preadv(self.file.fileno(), [out], start * self.row_bytes) != out.nbytes:
+            raise OSError(f"short read of client memory rows from {start}")
+        return out
 
     def __getitem__(self, ids) -> torch.Tensor:
+        """The rows of ``ids`` (1-D LongTensor), or all rows (None)."""
         if not self.on_disk:
             return self.rows if ids is None else self.rows[ids]
-        if ids is None:
-            return self[torch.arange(self.n)]
-        rows = np.stack([self._read(int(i), 1)[0] for i in ids]) if len(ids) else np.zeros((0, self.d), self.np_dtype)
-        return torch.from_numpy(rows).to(self.device)
+        ids = torch.arange(self.n) if ids is None else ids
+        out = np.empty((len(ids), self.d), self.np_dtype)
+        for row, i in zip(out, ids.tolist(), strict=True):
+            self._read_into(row, i)
+        return torch.from_numpy(out).to(self.device)
 
-    def add_(self, ids, update: torch.Tensor) -> None:
-        """v_i += update row, for the clients ``ids`` (distinct, in order), or for all (None)."""
+    def __setitem__(self, ids, rows: torch.Tensor) -> None:
+        """v_i = the given row, for the clients ``ids`` (distinct), or for all (None)."""
         if not self.on_disk:
             if ids is None:
-                self.rows += update
+                self.rows.copy_(rows)
             else:
-                self.rows.index_add_(0, ids, update)
+                self.rows[ids] = rows
             return
-        ids = torch.arange(self.n) if ids is None else ids
-        self._write(ids, (self[ids] + update).cpu().numpy())
+        self._write(torch.arange(self.n) if ids is None else ids, rows.cpu().numpy())
 
     def _write(self, ids: torch.Tensor, rows: np.ndarray) -> None:
-        for i, row in zip(ids.tolist(), rows, strict=True):
-            os.pwrite(self.file.fileno(), row.tobytes(), i * self.row_bytes)
+        for i, row in zip(ids.tolist(), np.ascontiguousarray(rows), strict=True):
+            os.pwrite(self.file.fileno(), row, i * self.row_bytes)
         self.touched.update(ids.tolist())
 
-    def mean(self, chunk: int = 4096) -> torch.Tensor:
-        """(1/n) Σ_i v_i (read in chunks of rows when on disk)."""
+    def mean(self) -> torch.Tensor:
+        """(1/n) Σ_i v_i (read in chunks of at most 256 MiB when on disk)."""
         if not self.on_disk:
             return self.rows.mean(0)
-        total = sum(torch.from_numpy(self._read(s, min(chunk, self.n - s))).sum(0, dtype=torch.float64)
-                    for s in range(0, self.n, chunk))
+        chunk = max(1, 2**28 // self.row_bytes)
+        total = torch.zeros(self.d, dtype=torch.float64)
+        for s in range(0, self.n, chunk):
+            rows = self._read_into(np.empty((min(chunk, self.n - s), self.d), self.np_dtype), s)
+            total += torch.from_numpy(rows).sum(0, dtype=torch.float64)
         return (total / self.n).to(self.device, self.dtype)
