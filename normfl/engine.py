@@ -390,7 +390,8 @@ def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
 def _sq_norms(t: torch.Tensor) -> torch.Tensor:
     """Per-sample squared norms of ``t`` ([b, ...]) as float64. One float32 reduction pass (squaring a
     float64 copy cost a third of a DP-SGD step); rows whose float32 sum of squares overflows are redone in
-    float64, where the square of any float32 fits."""
+    float64, where the square of any float32 fits. Squares below float32's range (a norm under about 1e-19)
+    read as 0, which leaves such a sample unclipped, as its exact norm does for any usable clip."""
     flat = t.flatten(1)
     sq = torch.linalg.vector_norm(flat, dim=1).double().pow(2)
     bad = ~torch.isfinite(sq)

@@ -137,6 +137,21 @@ def test_full_oracle_with_unequal_shards():
         torch.testing.assert_close(G[i], torch.cat([q.grad.reshape(-1) for q in flat.module.parameters()]))
 
 
+def test_clip_factors_survive_float32_overflow():
+    """Squared norms come from one float32 pass; a row whose sum of squares overflows float32 (here 1e30²)
+    is redone in float64, so it is clipped, not dropped as an infinite norm would be. A norm too small for
+    float32 squares (1e-30) reads as 0: its sample is left unclipped, as the exact norm leaves it."""
+    t = torch.tensor([[3.0, 4.0, 0.0], [1e30, -1e30, 2.0], [1e-30, 0.0, 0.0]])
+    sq = engine_module._sq_norms(t)
+    exact = t.double().pow(2).sum(1)
+    assert sq.dtype == torch.float64
+    torch.testing.assert_close(sq[:2], exact[:2], rtol=1e-6, atol=0)
+    for clip in (1e-3, 1.0, 10.0):
+        got, want = engine_module._clip_factors(sq, clip), engine_module._clip_factors(exact, clip)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+        assert got[1] > 0
+
+
 @pytest.mark.parametrize("path", ["layer norms", "vmap"])
 def test_clipped_per_sample_sums_match_a_naive_loop(path, monkeypatch):
     """DP-SGD's per-sample clipping (from layer norms, or vmap over samples) against one backward pass
