@@ -35,13 +35,14 @@ class Target:
 # report or README; the report states "deviates" only where a compared number exceeds the tolerance).
 NORMEC_TOL = dict(tolerance=2.0, why="one seed (42) in the paper and here; CIFAR-10 from the JPEG copy")
 NORMEC_CAUSE = ("Spec ambiguity A2: a round is one minibatch of 32 per client, so 300 rounds are about two "
-                "epochs; under this literal reading the best non-private run reaches about 45%, not 86%. The "
-                "other reading, a round as one pass over each client's shard (141 minibatch steps), fits the "
+                "epochs (four with FEDNORMEC's 20 clients); under this literal reading the best non-private run reaches about 45%, not 86%. The "
+                "other reading, a round as one pass over each client's shard (141 minibatch steps with NORMEC's "
+                "10 clients, 70 with FEDNORMEC's 20), fits the "
                 "paper's magnitudes: α-NormEC without SN (β = γ = 0.1, bf16) reaches 34.8 / 52.4 / 65.2% after "
                 "1 / 4 / 10 such rounds and is still rising (probe: python train.py experiment=normec_np_nosn "
                 "algo.beta=0.1 algo.gamma=0.1 rounds=1406 eval_every=141 precision=bf16); the paper profile keeps "
-                "the literal reading, since 300 rounds of the other take 141 times as long (about 17 h a run "
-                "here). DP runs: with the noise rule of spec A1 each unit-norm message gets noise of std "
+                "the literal reading, since 300 rounds of the other take 70-141 times as long (NORMEC: about 17 h "
+                "a run here). DP runs: with the noise rule of spec A1 each unit-norm message gets noise of std "
                 "sqrt(K ln(1/δ))/ε ≈ 7.3 per coordinate, which keeps them near chance.")
 FED_TOL = dict(tolerance=5.0, why="the paper's numbers are read off figures ('approximately 70%'); one seed")
 ALI_TOL = dict(tolerance=2.0, why="one run per cell in the paper (seed not stated), one seed (0) here")
