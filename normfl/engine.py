@@ -1,12 +1,15 @@
 """Client engine: the model as a flat vector, per-client batches, and per-client gradients.
 
-Two backends compute the same thing, ``G[i] = grad of client i's mean loss at X[i]``:
+Three backends compute the same thing, ``G[i] = grad of client i's mean loss at X[i]``:
 
 - ``sequential``: a plain loop over clients with autograd; the reference and the baseline.
 - ``vmap``: one ``torch.func.vmap(grad_and_value(functional_call))`` over the client axis.
+- ``analytic``: for a stack of Linear layers with ReLU between them (the MLP, logreg), a loop over
+  clients with the backward pass written out: no autograd graph, the weights read as views of x and
+  each gradient written straight into its row of G.
 
-``auto`` times both on the run's first round and keeps the faster one (cached per model, size and
-device in ``~/.cache/normfl/backend.json``), since which wins depends on model and hardware.
+``auto`` times those that apply on the run's first round and keeps the fastest (cached per model, size
+and device in ``~/.cache/normfl/backend.json``), since which wins depends on model and hardware.
 
 BatchNorm. Every client's forward pass runs in train mode, so it normalises with the statistics
 of its own batch. The evaluation model's running statistics follow one rule on both backends:
@@ -32,7 +35,8 @@ from torch.func import functional_call, grad_and_value, vmap
 from normfl.cache import memo
 from normfl.data import augment_crop_flip, normalize
 
-BACKENDS = ("auto", "sequential", "vmap")
+BACKENDS = ("auto", "sequential", "vmap", "analytic")
+ANALYTIC_MODELS = ("mlp", "logreg")        # builders in normfl.models whose modules are Linear/ReLU stacks
 ORACLES = ("minibatch", "full")
 PRECISIONS = ("fp32", "bf16")
 
@@ -260,10 +264,22 @@ class ClientEngine:
     def __init__(self, flat: FlatModel, backend: str = "sequential"):
         self.flat, self.backend = flat, backend
         self.norm_layers = _norm_layers(flat.module)       # per-sample norms from layers, or None: vmap
+        self.linear_stack = _linear_stack(flat.module)     # the analytic backend's layers, or None
+        if backend == "analytic" and not self.linear_stack:
+            raise ValueError("backend='analytic' needs a Sequential of Linear layers with ReLU between them")
+
+    def backends(self) -> tuple[str, ...]:
+        """The backends that apply to this model."""
+        return ("sequential", "vmap") + (("analytic",) if self.linear_stack else ())
 
     def grads(self, x: torch.Tensor, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[d]`` (every client at the same point) or ``[n, d]``; returns ``([n, d], [n])``."""
-        fn = self._vmap if self.backend == "vmap" and len(batches) > 1 and uniform(batches) else self._sequential
+        if self.backend == "analytic":
+            fn = self._analytic
+        elif self.backend == "vmap" and len(batches) > 1 and uniform(batches):
+            fn = self._vmap
+        else:
+            fn = self._sequential
         if all(len(b) == 1 and b[0][2] == 1.0 for b in batches):     # one minibatch each: no reweighting
             return fn(x, [b[0] for b in batches])
         n = len(batches)
@@ -310,6 +326,35 @@ class ClientEngine:
             losses[i] = loss.detach()
         return G, losses
 
+    def _analytic(self, x, piece):
+        """The backward pass of z = W_L relu(... relu(W_1 a_0 + b_1) ...) + b_L under the mean
+        cross-entropy, written out: dz = (softmax(z) - onehot(y)) / B, and per layer (last first)
+        dW = dz^T a, db = sum of dz, then dz = (dz W) ⊙ [a > 0] for the layer below."""
+        G = torch.empty(len(piece), self.flat.dim, device=x.device, dtype=x.dtype)
+        losses = torch.empty(len(piece), device=x.device, dtype=x.dtype)
+        for i, (xb, yb, _) in enumerate(piece):
+            params = self.flat.as_params(x if x.dim() == 1 else x[i])
+            grads = self.flat.as_params(G[i])
+            weights = [(params[w], params.get(b), grads[w], grads.get(b)) for w, b in self.linear_stack]
+            acts = [xb.flatten(1)]                                 # the input of each layer
+            for j, (w, b, _, _) in enumerate(weights):
+                z = acts[-1] @ w.T if b is None else torch.addmm(b, acts[-1], w.T)
+                acts.append(z.relu_() if j < len(weights) - 1 else z)
+            logp = torch.log_softmax(acts.pop(), dim=1)
+            rows = torch.arange(len(yb), device=yb.device)
+            losses[i] = -logp[rows, yb].mean()
+            dz = logp.exp_()
+            dz[rows, yb] -= 1.0
+            dz /= len(yb)
+            for j in range(len(weights) - 1, -1, -1):
+                w, _, gw, gb = weights[j]
+                torch.mm(dz.T, acts[j], out=gw)
+                if gb is not None:
+                    torch.sum(dz, 0, out=gb)
+                if j:
+                    dz = (dz @ w).mul_(acts[j] > 0)
+        return G, losses
+
     def _vmap(self, x, piece):
         flat, n = self.flat, len(piece)
         xb = torch.stack([p[0] for p in piece])
@@ -325,6 +370,21 @@ class ClientEngine:
         G = torch.cat([g[name].reshape(n, -1) for name in flat.names], dim=1)
         flat.set_buffers(fold_running_stats(flat.module, start, buffers))
         return G, losses.detach()
+
+
+def _linear_stack(module: nn.Module) -> list[tuple[str, str | None]] | None:
+    """(weight, bias) parameter names of a Sequential that is an optional Flatten, then Linear layers
+    with a ReLU between each two and none after the last; None for any other model."""
+    if not isinstance(module, nn.Sequential):
+        return None
+    mods = list(module.named_children())
+    if mods and isinstance(mods[0][1], nn.Flatten):
+        mods = mods[1:]
+    linear, relus = mods[0::2], mods[1::2]
+    if not linear or len(relus) != len(linear) - 1 or not all(isinstance(m, nn.Linear) for _, m in linear) \
+            or not all(type(m) is nn.ReLU for _, m in relus):
+        return None
+    return [(f"{n}.weight", f"{n}.bias" if m.bias is not None else None) for n, m in linear]
 
 
 def _norm_layers(module: nn.Module) -> list[nn.Module] | None:
@@ -442,14 +502,15 @@ def uniform(batches) -> bool:
 
 
 def choose_backend(engine: ClientEngine, x: torch.Tensor, batches, key: str, reps: int = 2) -> str:
-    """Time both backends on real batches (model state restored) and return the faster one;
-    remembered per ``key`` (see ``normfl.cache``)."""
-    if not uniform(batches):
-        return "sequential"
+    """Time the backends that apply on real batches (model state restored) and return the fastest;
+    remembered per ``key`` and candidates (see ``normfl.cache``)."""
+    names = [b for b in engine.backends() if b != "vmap" or uniform(batches)]      # vmap needs equal batches
+    if len(names) == 1:
+        return names[0]
 
     def measure():
         saved, times = engine.flat.buffers(), {}
-        for name in ("sequential", "vmap"):
+        for name in names:
             engine.backend = name
             engine.grads(x, batches)                          # warm-up
             runs = []
@@ -463,4 +524,4 @@ def choose_backend(engine: ClientEngine, x: torch.Tensor, batches, key: str, rep
         engine.flat.set_buffers(saved)
         return min(times, key=times.get)
 
-    return memo("backend", key, measure)
+    return memo("backend", f"{key}|{','.join(names)}", measure)

@@ -108,10 +108,11 @@ def build(cfg: DictConfig) -> Setup:
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
     engine = ClientEngine(flat, cfg.backend)
     clients = Clients(engine, data)
-    if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
-        timeable = data.uniform() and cfg.precision == "fp32"          # vmap needs both
-        engine.backend = (choose_backend(engine, x, clients.peek(range(min(len(data), 64))),
-                                         _backend_key(cfg, flat.dim, device)) if timeable else "sequential")
+    if cfg.backend == "auto" and cfg.precision != "fp32":
+        engine.backend = "sequential"          # the one backend that takes bf16 autocast
+    elif cfg.backend == "auto":              # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
+        engine.backend = choose_backend(engine, x, clients.peek(range(min(len(data), 64))),
+                                        _backend_key(cfg, flat.dim, device))
     elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
     return Setup(device, ds, parts, flat, x, algo, prep, x_train, x_test, clients)

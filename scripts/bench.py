@@ -201,7 +201,7 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
     floor_bf16 = Floor(cfg, setup.ds, setup.device, bf16=True)
     sync = torch.cuda.synchronize if setup.device.type == "cuda" else (lambda: None)
     dp = bool(cfg.algo.get("sample_rate"))
-    backends = ["layer norms", "vmap"] if dp else ["sequential", "vmap", "sequential+bf16"]
+    backends = ["layer norms", "vmap"] if dp else [*clients.engine.backends(), "sequential+bf16"]
     layers = clients.engine.norm_layers
     x, k, times = setup.x, 0, {}
 

@@ -30,6 +30,7 @@ def refused(run_dir: Path, *overrides) -> str:
     (["resume=maybe"], ["resume", "True | False"]),
     (["algo=fed_normec", "algo.local_operator=ig", "partition=dirichlet"], ["algo.local_operator", "equal shard"]),
     (["precision=bf16", "backend=vmap"], ["precision", "backend=sequential"]),
+    (["model=cnn", "backend=analytic"], ["backend='analytic'", "model=cnn", "mlp, logreg"]),
 ])
 def test_bad_config_is_refused(overrides, needles, tmp_path, data_root):
     text = refused(tmp_path / "run", *FMNIST, f"data_root={data_root}", *overrides)

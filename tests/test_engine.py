@@ -1,5 +1,6 @@
 """The two client backends agree, BatchNorm running statistics follow the documented rule."""
 
+import json
 import math
 
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 
 from normfl import engine as engine_module
 from normfl import models
-from normfl.engine import ClientData, ClientEngine, FlatModel, Preprocess, fold_running_stats
+from normfl.engine import ClientData, ClientEngine, FlatModel, Preprocess, choose_backend, fold_running_stats
 
 CPU = torch.device("cpu")
 
@@ -52,6 +53,42 @@ def test_sequential_and_vmap_agree(builder, kw, float64):
     G1, _ = ClientEngine(ref, "sequential").grads(X, data)
     G2, _ = ClientEngine(vec, "vmap").grads(X, data)
     torch.testing.assert_close(G1, G2, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("builder, kw, in_shape", [(models.mlp, {"hidden": [32, 16]}, (1, 28, 28)),
+                                                   (models.logreg, {}, (1, 28, 28)),
+                                                   (models.mlp, {"hidden": []}, (5,))])
+def test_analytic_backward_matches_autograd(builder, kw, in_shape, float64):
+    """The hand-written backward of a Linear/ReLU stack gives autograd's gradients and losses, at one
+    point and at one point per client; models of other shapes are not offered it."""
+    flat = make(builder, in_shape, **kw)
+    data = batches(3, 8, in_shape)
+    x = flat.vector()
+    X = x + 0.01 * torch.randn(3, x.numel(), generator=torch.Generator().manual_seed(1))
+    engine = ClientEngine(flat, "analytic")
+    assert engine.backends() == ("sequential", "vmap", "analytic")
+    for point in (x, X):
+        G1, l1 = ClientEngine(flat, "sequential").grads(point, data)
+        G2, l2 = engine.grads(point, data)
+        torch.testing.assert_close(G2, G1, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(l2, l1, rtol=1e-12, atol=0)
+    assert ClientEngine(make(models.cnn, (1, 28, 28))).backends() == ("sequential", "vmap")
+    with pytest.raises(ValueError, match="analytic"):
+        ClientEngine(make(models.resnet20), "analytic")
+
+
+def test_auto_times_only_the_backends_that_apply(tmp_path, monkeypatch):
+    """auto times the backends that apply to the model and batches (vmap needs equal batches; analytic a
+    Linear/ReLU stack) and remembers the winner under a key that names the candidates."""
+    monkeypatch.setenv("NORMFL_CACHE", str(tmp_path))
+    shape = (1, 28, 28)
+    uneven = batches(1, 8, shape) + batches(1, 5, shape, seed=1)
+    mlp = ClientEngine(make(models.mlp, shape, hidden=[16]))
+    assert choose_backend(mlp, mlp.flat.vector(), uneven, "k") in ("sequential", "analytic")
+    assert list(json.loads((tmp_path / "backend.json").read_text())) == ["k|sequential,analytic"]
+    cnn = ClientEngine(make(models.cnn, shape))
+    assert choose_backend(cnn, cnn.flat.vector(), uneven, "c") == "sequential"          # nothing to time
+    assert "c|sequential" not in json.loads((tmp_path / "backend.json").read_text())
 
 
 def test_batchnorm_running_stats_are_client_ordered_ema():
