@@ -20,3 +20,10 @@ def offline_dir() -> Path:
 def data_root(tmp_path_factory) -> Path:
     """One writable data root for the session, so CIFAR-10's JPEG copy is decoded once."""
     return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """The tests memoise (backend timings, noise calibrations) into a cache of their own: never into the
+    user's ~/.cache/normfl, whose timings of tiny test models would otherwise steer real runs' auto."""
+    os.environ["NORMFL_CACHE"] = str(tmp_path_factory.mktemp("cache"))
