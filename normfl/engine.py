@@ -373,14 +373,12 @@ class ClientEngine:
 
 
 def _linear_stack(module: nn.Module) -> list[tuple[str, str | None]] | None:
-    """(weight, bias) parameter names of a Sequential that is an optional Flatten, then Linear layers
-    with a ReLU between each two and none after the last; None for any other model."""
-    if not isinstance(module, nn.Sequential):
+    """(weight, bias) parameter names of a Sequential that is a Flatten of all but the batch axis, then
+    Linear layers with a ReLU between each two and none after the last; None for any other model."""
+    mods = list(module.named_children()) if isinstance(module, nn.Sequential) else []
+    if not mods or not isinstance(mods[0][1], nn.Flatten) or (mods[0][1].start_dim, mods[0][1].end_dim) != (1, -1):
         return None
-    mods = list(module.named_children())
-    if mods and isinstance(mods[0][1], nn.Flatten):
-        mods = mods[1:]
-    linear, relus = mods[0::2], mods[1::2]
+    linear, relus = mods[1::2], mods[2::2]
     if not linear or len(relus) != len(linear) - 1 or not all(isinstance(m, nn.Linear) for _, m in linear) \
             or not all(type(m) is nn.ReLU for _, m in relus):
         return None

@@ -73,6 +73,8 @@ def test_analytic_backward_matches_autograd(builder, kw, in_shape, float64):
         torch.testing.assert_close(G2, G1, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(l2, l1, rtol=1e-12, atol=0)
     assert ClientEngine(make(models.cnn, (1, 28, 28))).backends() == ("sequential", "vmap")
+    no_flatten = FlatModel(torch.nn.Sequential(torch.nn.Linear(5, 3)), CPU)     # Linear on 3-D inputs differs
+    assert ClientEngine(no_flatten).backends() == ("sequential", "vmap")
     with pytest.raises(ValueError, match="analytic"):
         ClientEngine(make(models.resnet20), "analytic")
 
