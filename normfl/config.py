@@ -17,7 +17,7 @@ from normfl.algorithms.local import OPERATORS
 from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
 from normfl.algorithms.tau import T_MODES, TAU_RULES
 from normfl.data.sources import SPLITS
-from normfl.engine import ANALYTIC_MODELS, BACKENDS, ORACLES, PRECISIONS
+from normfl.engine import BACKENDS, ORACLES, PRECISIONS
 from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
 from normfl.privacy.sgm import METHODS as RC_METHODS
@@ -72,10 +72,6 @@ def validate(cfg: DictConfig) -> None:
     if cfg.precision == "bf16" and cfg.backend in ("vmap", "analytic"):
         raise ConfigError("precision", "bf16", f"fp32 with backend={cfg.backend} (bf16 autocast runs on "
                           "backend=sequential only, which auto then picks)")
-    model = str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1]
-    if cfg.backend == "analytic" and model not in ANALYTIC_MODELS:
-        raise ConfigError("backend", "analytic", f"sequential, vmap or auto with model={model}; analytic is "
-                          f"for the Linear/ReLU stacks ({', '.join(ANALYTIC_MODELS)})")
     _choice(cfg, "device.name", ("auto", "cpu", "cuda", "mps"), optional=False)
     _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
     _choice(cfg, "logger.mode", ("offline", "online", "disabled"))

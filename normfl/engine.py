@@ -36,7 +36,6 @@ from normfl.cache import memo
 from normfl.data import augment_crop_flip, normalize
 
 BACKENDS = ("auto", "sequential", "vmap", "analytic")
-ANALYTIC_MODELS = ("mlp", "logreg")        # builders in normfl.models whose modules are Linear/ReLU stacks
 ORACLES = ("minibatch", "full")
 PRECISIONS = ("fp32", "bf16")
 
@@ -266,7 +265,8 @@ class ClientEngine:
         self.norm_layers = _norm_layers(flat.module)       # per-sample norms from layers, or None: vmap
         self.linear_stack = _linear_stack(flat.module)     # the analytic backend's layers, or None
         if backend == "analytic" and not self.linear_stack:
-            raise ValueError("backend='analytic' needs a Sequential of Linear layers with ReLU between them")
+            raise ValueError("analytic takes a Flatten, then Linear layers with a ReLU between each two, "
+                             "as model=mlp, logreg build")
 
     def backends(self) -> tuple[str, ...]:
         """The backends that apply to this model."""
@@ -424,24 +424,18 @@ def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
         else:
             u = F.unfold(a, m.kernel_size, m.dilation, m.padding, m.stride)                 # [b, in·k·k, L]
             dl = delta.flatten(2)                                                          # [b, out, L]
-            per_sample = torch.einsum("bol,bkl->bok", dl, u)                               # [b, out, in·k·k]
+            per_sample = torch.einsum("bol,bkl->bok", dl, u).flatten(1)                    # [b, out·in·k·k]
             sq += _sq_norms(per_sample)
-            bias = dl.sum(2)                                                               # [b, out]
-            if m.bias is not None:
+            bias = dl.sum(2) if m.bias is not None else None                               # [b, out]
+            if bias is not None:
                 sq += _sq_norms(bias)
             pieces.append((m, per_sample, bias))
     c = _clip_factors(sq, clip).to(loss.dtype)
     grads = {}
-    for m, p, delta in pieces:
-        if isinstance(m, nn.Linear):
-            cd = c[:, None] * delta
-            grads[m.weight] = cd.T @ p
-            bias = cd.sum(0)
-        else:
-            grads[m.weight] = torch.einsum("b,bok->ok", c, p).reshape(m.weight.shape)
-            bias = (c[:, None] * delta).sum(0)                # delta: the per-sample bias gradients
+    for m, p, d in pieces:                      # d: per-sample bias gradients [b, out] (a Linear's is δ)
+        grads[m.weight] = ((c[:, None] * d).T @ p if isinstance(m, nn.Linear) else c @ p).reshape(m.weight.shape)
         if m.bias is not None:
-            grads[m.bias] = bias
+            grads[m.bias] = c @ d
     return torch.cat([grads[q].reshape(-1) for q in flat.module.parameters()]), loss.detach().mean()
 
 

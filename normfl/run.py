@@ -72,9 +72,8 @@ class Setup:
     flat: FlatModel
     x: torch.Tensor            # x^0
     algo: object               # the algorithm, set up for cfg.rounds
-    prep: Preprocess           # turns a batch cut from x_train / x_test into model input
-    x_train: torch.Tensor      # ds.x_train, or normalized once when there is no augmentation
-    x_test: torch.Tensor
+    prep: Preprocess           # turns a batch cut from x_test or clients.data.x into model input
+    x_test: torch.Tensor       # ds.x_test, or normalized once when there is no augmentation (as clients.data.x)
     clients: Clients           # the engine and the clients' data (clients.data)
 
 
@@ -106,7 +105,11 @@ def build(cfg: DictConfig) -> Setup:
         x_train, x_test, prep = prep(x_train), prep(x_test), Preprocess((), (), device)
     data = ClientData(x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
-    engine = ClientEngine(flat, cfg.backend)
+    try:
+        engine = ClientEngine(flat, cfg.backend)
+    except ValueError as err:                # a backend this model's layers do not allow
+        raise ConfigError("backend", cfg.backend, f"sequential, vmap or auto with model={_kind(cfg.model)} "
+                          f"({err})") from err
     clients = Clients(engine, data)
     if cfg.backend == "auto" and cfg.precision != "fp32":
         engine.backend = "sequential"          # the one backend that takes bf16 autocast
@@ -115,7 +118,7 @@ def build(cfg: DictConfig) -> Setup:
                                         _backend_key(cfg, flat.dim, device))
     elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
-    return Setup(device, ds, parts, flat, x, algo, prep, x_train, x_test, clients)
+    return Setup(device, ds, parts, flat, x, algo, prep, x_test, clients)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
@@ -143,7 +146,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     def evaluate(row, at, k):
         row["test_loss"], row["test_acc"] = flat.evaluate(at, setup.x_test, ds.y_test, setup.prep)
         if cfg.eval_train:
-            row["full_train_loss"], _ = flat.evaluate(at, setup.x_train, ds.y_train, setup.prep)
+            row["full_train_loss"], _ = flat.evaluate(at, clients.data.x, ds.y_train, setup.prep)
         if algo.private:
             row.update(algo.spent(k))
 
