@@ -94,6 +94,12 @@ def test_tuned_gamma_is_chosen_by_final_accuracy_and_skips_diverged():
     assert comp["diff"].iloc[0] == pytest.approx(70.0 - 86.09)
 
 
+def test_table_cells_keep_small_settings_readable():
+    # β = 0.001 printed as 0.00 made the grid's β = 0.001 and 0.01 rows indistinguishable
+    assert [figures.fmt(v) for v in (0.001, 0.025, 0.1, 12.345, 0.0, -0.004, None, 20)] == [
+        "0.001", "0.025", "0.10", "12.35", "0.00", "-0.004", "–", "20"]
+
+
 def test_seed_table_averages_seeds_beside_the_paper(tmp_path):
     rows = [dict(dataset="fashion_mnist", method="normfedavg", status="completed", bits=32,
                  last5_err=e, dir=fake_run(tmp_path / str(i), 1 - e / 100, [1.0, 0.8]))

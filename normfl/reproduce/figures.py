@@ -110,10 +110,13 @@ def tuned(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def fmt(v) -> str:
-    """A table cell: numbers with two decimals, "–" where there is none."""
+    """A table cell: numbers with two decimals (two significant digits below 0.1, so that β = 0.001
+    is not printed as 0.00), "–" where there is none."""
     if v is None or pd.isna(v):
         return "–"
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
+    if not isinstance(v, float):
+        return str(v)
+    return f"{v:.2f}" if v == 0 or abs(v) >= 0.1 else f"{v:.2g}"
 
 
 # ---------------------------------------------------------------- writers
