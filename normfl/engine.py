@@ -426,8 +426,9 @@ def _clipped_by_norms(flat: FlatModel, x, xb, yb, clip: float, layers):
             dl = delta.flatten(2)                                                          # [b, out, L]
             per_sample = torch.einsum("bol,bkl->bok", dl, u).flatten(1)                    # [b, out·in·k·k]
             sq += _sq_norms(per_sample)
-            bias = dl.sum(2) if m.bias is not None else None                               # [b, out]
-            if bias is not None:
+            bias = None
+            if m.bias is not None:
+                bias = dl.sum(2)                                                           # [b, out]
                 sq += _sq_norms(bias)
             pieces.append((m, per_sample, bias))
     c = _clip_factors(sq, clip).to(loss.dtype)
