@@ -16,8 +16,9 @@ from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES, PARTICIPATION
 from normfl.algorithms.local import OPERATORS
 from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
 from normfl.algorithms.tau import T_MODES, TAU_RULES
+from normfl.data.clients import ORACLES
 from normfl.data.sources import SPLITS
-from normfl.engine import BACKENDS, ORACLES, PRECISIONS
+from normfl.engine import BACKENDS, PRECISIONS
 from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
 from normfl.privacy.sgm import METHODS as RC_METHODS
@@ -71,7 +72,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("precision", "bf16", "fp32 on mps (bf16 autocast needs a CPU or CUDA device)")
     if cfg.precision == "bf16" and cfg.backend in ("vmap", "analytic"):
         raise ConfigError("precision", "bf16", f"fp32 with backend={cfg.backend} (bf16 autocast runs on "
-                          "backend=sequential only, which auto then picks)")
+                          "backend=sequential or stacked, between which auto then picks)")
     _choice(cfg, "device.name", ("auto", "cpu", "cuda", "mps"), optional=False)
     _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
     _choice(cfg, "logger.mode", ("offline", "online", "disabled"))

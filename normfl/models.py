@@ -23,6 +23,18 @@ def _norm_layer(kind: str, channels: int) -> nn.Module:
     raise ValueError(f"model.norm={kind!r} is not allowed; use 'batch' or 'group'")
 
 
+class ShortcutA(nn.Module):
+    """Option A's shortcut where a block changes shape: stride-2 subsampling, channels zero-padded
+    from c_in to c_out (half the padding on each side)."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        self.c_in, self.pad = c_in, (c_out - c_in) // 2
+
+    def forward(self, x):
+        return F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, self.pad, self.pad))
+
+
 class _BasicBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int, norm: str):
         super().__init__()
@@ -30,16 +42,12 @@ class _BasicBlock(nn.Module):
         self.bn1 = _norm_layer(norm, c_out)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
         self.bn2 = _norm_layer(norm, c_out)
-        # Option A: identity shortcut, stride-2 subsampling and zero-padded channels.
-        self.pad = (c_out - c_in) // 2 if (stride != 1 or c_in != c_out) else None
+        self.shortcut = ShortcutA(c_in, c_out) if (stride != 1 or c_in != c_out) else nn.Identity()
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        short = x
-        if self.pad is not None:
-            short = F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, self.pad, self.pad))
-        return F.relu(out + short)
+        return F.relu(out + self.shortcut(x))
 
 
 class ResNet20(nn.Module):

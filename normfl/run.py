@@ -22,8 +22,8 @@ from tqdm import tqdm
 import normfl
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, validate, validate_data
-from normfl.data import label_histogram
-from normfl.engine import ClientData, ClientEngine, Clients, FlatModel, Preprocess, choose_backend, pick_device
+from normfl.data import ClientData, Preprocess, label_histogram
+from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
 from normfl.privacy import Privacy
 from normfl.results import FINISHED, Recorder, write_atomic
 
@@ -106,18 +106,19 @@ def build(cfg: DictConfig) -> Setup:
     data = ClientData(x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
     try:
-        engine = ClientEngine(flat, cfg.backend)
+        engine = ClientEngine(flat, cfg.backend, in_shape=tuple(ds.x_train.shape[1:]))
     except ValueError as err:                # a backend this model's layers do not allow
-        raise ConfigError("backend", cfg.backend, f"sequential, vmap or auto with model={_kind(cfg.model)} "
-                          f"({err})") from err
+        raise ConfigError("backend", cfg.backend, f"one of {', '.join(engine_options(flat, ds))} with "
+                          f"model={_kind(cfg.model)} ({err})") from err
     clients = Clients(engine, data)
-    if cfg.backend == "auto" and cfg.precision != "fp32":
-        engine.backend = "sequential"          # the one backend that takes bf16 autocast
-    elif cfg.backend == "auto":              # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
+    if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
         engine.backend = choose_backend(engine, x, clients.peek(range(min(len(data), 64))),
                                         _backend_key(cfg, flat.dim, device))
     elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
+    elif cfg.backend == "stacked" and engine.stacked.has_batchnorm and not data.uniform():
+        raise ConfigError("backend", "stacked", "sequential or auto: clients' batches differ in size, and a "
+                          "model with BatchNorm needs equal batches to run them side by side")
     return Setup(device, ds, parts, flat, x, algo, prep, x_test, clients)
 
 
@@ -246,11 +247,16 @@ def build_privacy(cfg: DictConfig) -> Privacy:
     return Privacy(accountant=cfg.accountant.name, **OmegaConf.to_container(cfg.privacy, resolve=True))
 
 
+def engine_options(flat: FlatModel, ds) -> tuple[str, ...]:
+    """The backends a model allows, for the error that refuses another."""
+    return ("auto", *ClientEngine(flat, in_shape=tuple(ds.x_train.shape[1:])).backends())
+
+
 def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
-    """What the faster backend depends on: model, size, hardware, clients, batch, torch, threads."""
+    """What the faster backend depends on: model, size, hardware, clients, batch, precision, torch, threads."""
     hw = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     return "|".join(map(str, (_kind(cfg.model), dim, device, hw, cfg.clients, cfg.batch_size,
-                              cfg.oracle, torch.__version__, torch.get_num_threads())))
+                              cfg.oracle, cfg.precision, torch.__version__, torch.get_num_threads())))
 
 
 def _discard(out_dir: Path, log_name: str) -> None:

@@ -13,6 +13,8 @@ NOPRIV = Privacy()
 class Quadratic:
     """Clients with f_i(x) = ½ ||x - b_i||², so ∇f_i(x) = x - b_i (x of shape [d] or [n, d])."""
 
+    side_by_side = False                                    # clients one at a time, as the sequential backend
+
     def __init__(self, centers, noise=0.0, seed=0):
         self.centers, self.noise = centers, noise
         self.gen = torch.Generator().manual_seed(seed)

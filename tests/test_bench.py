@@ -19,6 +19,7 @@ def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
     rows = bench.bench(setting, [f"data_root={data_root}", *overrides], reps=1)
     got = {r["variant"]: r for r in rows}
     backends = (["normfl/layer norms", "normfl/vmap"] if setting == "D" else
-                ["normfl/sequential", "normfl/vmap", "normfl/analytic", "normfl/sequential+bf16", "floor+bf16"])
+                ["normfl/sequential", "normfl/vmap", "normfl/analytic", "normfl/stacked", "normfl/sequential+bf16",
+                 "floor+bf16"])
     assert sorted(got) == sorted([*backends, "floor", "paper-style", "eval"])
     assert got["floor"]["vs_floor"] == 1.0 and all(r["seconds"] > 0 for r in rows)

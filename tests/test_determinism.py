@@ -29,7 +29,7 @@ def outputs(data_root, out: Path, *overrides):
     return pd.read_csv(out / "metrics.csv").drop(columns="wall_time"), np.load(out / "params.npy"), summary
 
 
-@pytest.mark.parametrize("backend", ["sequential", "vmap", "analytic"])
+@pytest.mark.parametrize("backend", ["sequential", "vmap", "analytic", "stacked"])
 @pytest.mark.parametrize("algo", ALGOS)
 def test_same_seed_gives_identical_metrics_and_parameters(algo, backend, tmp_path, data_root):
     overrides = [f"algo={algo}", f"backend={backend}", *EXTRA.get(algo, [])]

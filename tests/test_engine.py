@@ -1,4 +1,5 @@
-"""The two client backends agree, BatchNorm running statistics follow the documented rule."""
+"""The client backends agree, BatchNorm running statistics follow the documented rule, DP-SGD's clipping
+matches a per-sample loop, and the clients' batch streams are seeded."""
 
 import json
 import math
@@ -7,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from normfl import engine as engine_module
 from normfl import models
-from normfl.engine import ClientData, ClientEngine, FlatModel, Preprocess, choose_backend, fold_running_stats
+from normfl.data import ClientData, Preprocess
+from normfl.engine import ClientEngine, FlatModel, choose_backend, clipping, fold_running_stats
+from normfl.engine import clients as clients_module
 
 CPU = torch.device("cpu")
 
@@ -33,17 +35,21 @@ def batches(n, b, in_shape=(3, 32, 32), seed=0):
             for _ in range(n)]
 
 
-@pytest.mark.parametrize("builder, kw", [(models.resnet20, {}), (models.resnet20, {"norm": "group"}),
-                                         (models.cnn, {}), (models.mlp, {"hidden": [32, 16]}),
-                                         (models.logreg, {})])
-def test_sequential_and_vmap_agree(builder, kw, float64):
+MODELS = [(models.resnet20, {}, (3, 32, 32)), (models.resnet20, {"norm": "group"}, (3, 32, 32)),
+          (models.cnn, {}, (1, 28, 28)), (models.mlp, {"hidden": [32, 16]}, (1, 28, 28)),
+          (models.logreg, {}, (1, 28, 28))]
+
+
+@pytest.mark.parametrize("backend", ["vmap", "stacked"])
+@pytest.mark.parametrize("builder, kw, in_shape", MODELS)
+def test_side_by_side_backends_agree_with_sequential(backend, builder, kw, in_shape, float64):
     """Same gradients, losses and running statistics, in float64 so that only real differences show
     (in float32 a near-constant BatchNorm channel can amplify summation-order noise to ~1e-3)."""
-    data = batches(3, 8)
-    ref, vec = make(builder, **kw), make(builder, **kw)
+    data = batches(3, 8, in_shape)
+    ref, vec = make(builder, in_shape, **kw), make(builder, in_shape, **kw)
     x = ref.vector()
     G1, l1 = ClientEngine(ref, "sequential").grads(x, data)
-    G2, l2 = ClientEngine(vec, "vmap").grads(x, data)
+    G2, l2 = ClientEngine(vec, backend).grads(x, data)
     torch.testing.assert_close(G1, G2, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(l1, l2, rtol=1e-9, atol=1e-11)
     for (name, a), b in zip(ref.module.named_buffers(), vec.module.buffers(), strict=True):   # running stats
@@ -51,8 +57,37 @@ def test_sequential_and_vmap_agree(builder, kw, float64):
     # per-client points [n, d] (local steps): still the same
     X = x + 0.01 * torch.randn(3, x.numel(), generator=torch.Generator().manual_seed(1))
     G1, _ = ClientEngine(ref, "sequential").grads(X, data)
-    G2, _ = ClientEngine(vec, "vmap").grads(X, data)
+    G2, _ = ClientEngine(vec, backend).grads(X, data)
     torch.testing.assert_close(G1, G2, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("builder, kw, in_shape", [m for m in MODELS if m[1] != {}] + MODELS[2:])
+def test_stacked_pads_uneven_batches_exactly(builder, kw, in_shape, float64):
+    """Batches of different sizes (DP-SGD's Poisson batches, uneven shards, an empty one) go in one pass,
+    padded and masked, with every client's gradient and loss as on its own; models without BatchNorm."""
+    g = torch.Generator().manual_seed(3)
+    piece = [(torch.randn(b, *in_shape, generator=g), torch.randint(0, 10, (b,), generator=g), 1.0)
+             for b in (8, 3, 5)]
+    flat = make(builder, in_shape, **kw)
+    X = flat.vector() + 0.01 * torch.randn(3, flat.dim, generator=g)
+    engine = ClientEngine(flat, "stacked")
+    assert engine.stacked.takes(piece)
+    G1, l1 = ClientEngine(flat, "sequential").grads(X, [[p] for p in piece])
+    G2, l2 = engine.grads(X, [[p] for p in piece])
+    torch.testing.assert_close(G2, G1, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(l2, l1, rtol=1e-9, atol=1e-11)
+    assert not ClientEngine(make(models.resnet20), "stacked").stacked.takes(piece)     # BatchNorm: not padded
+
+
+def test_stacked_refuses_what_it_cannot_group():
+    """A layer it has no grouped form for, or a Linear layer on more than two axes, leaves stacked out."""
+    odd = FlatModel(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3), torch.nn.Softmax(dim=1)), CPU)
+    assert "stacked" not in ClientEngine(odd).backends()
+    with pytest.raises(ValueError, match="Softmax"):
+        ClientEngine(odd, "stacked")
+    three_axes = FlatModel(torch.nn.Sequential(torch.nn.Linear(5, 3)), CPU)
+    with pytest.raises(ValueError, match="more than two axes"):
+        ClientEngine(three_axes, "stacked", in_shape=(4, 5))
 
 
 @pytest.mark.parametrize("builder, kw, in_shape", [(models.mlp, {"hidden": [32, 16]}, (1, 28, 28)),
@@ -66,31 +101,32 @@ def test_analytic_backward_matches_autograd(builder, kw, in_shape, float64):
     x = flat.vector()
     X = x + 0.01 * torch.randn(3, x.numel(), generator=torch.Generator().manual_seed(1))
     engine = ClientEngine(flat, "analytic")
-    assert engine.backends() == ("sequential", "vmap", "analytic")
+    assert engine.backends() == ("sequential", "vmap", "analytic", "stacked")
     for point in (x, X):
         G1, l1 = ClientEngine(flat, "sequential").grads(point, data)
         G2, l2 = engine.grads(point, data)
         torch.testing.assert_close(G2, G1, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(l2, l1, rtol=1e-12, atol=0)
-    assert ClientEngine(make(models.cnn, (1, 28, 28))).backends() == ("sequential", "vmap")
+    assert ClientEngine(make(models.cnn, (1, 28, 28))).backends() == ("sequential", "vmap", "stacked")
     no_flatten = FlatModel(torch.nn.Sequential(torch.nn.Linear(5, 3)), CPU)     # Linear on 3-D inputs differs
-    assert ClientEngine(no_flatten).backends() == ("sequential", "vmap")
+    assert ClientEngine(no_flatten, in_shape=(4, 5)).backends() == ("sequential", "vmap")
     with pytest.raises(ValueError, match="analytic"):
         ClientEngine(make(models.resnet20), "analytic")
 
 
 def test_auto_times_only_the_backends_that_apply(tmp_path, monkeypatch):
-    """auto times the backends that apply to the model and batches (vmap needs equal batches; analytic a
-    Linear/ReLU stack) and remembers the winner under a key that names the candidates."""
+    """auto times the backends that apply to the model and batches (vmap needs equal batches, and so does
+    stacked with BatchNorm; analytic a Linear/ReLU stack) and remembers the winner under a key that names
+    the candidates."""
     monkeypatch.setenv("NORMFL_CACHE", str(tmp_path))
     shape = (1, 28, 28)
     uneven = batches(1, 8, shape) + batches(1, 5, shape, seed=1)
     mlp = ClientEngine(make(models.mlp, shape, hidden=[16]))
-    assert choose_backend(mlp, mlp.flat.vector(), uneven, "k") in ("sequential", "analytic")
-    assert list(json.loads((tmp_path / "backend.json").read_text())) == ["k|sequential,analytic"]
-    cnn = ClientEngine(make(models.cnn, shape))
-    assert choose_backend(cnn, cnn.flat.vector(), uneven, "c") == "sequential"          # nothing to time
-    assert "c|sequential" not in json.loads((tmp_path / "backend.json").read_text())
+    assert choose_backend(mlp, mlp.flat.vector(), uneven, "k") in ("sequential", "analytic", "stacked")
+    assert list(json.loads((tmp_path / "backend.json").read_text())) == ["k|sequential,analytic,stacked"]
+    resnet = ClientEngine(make(models.resnet20, shape))
+    assert choose_backend(resnet, resnet.flat.vector(), uneven, "r") == "sequential"          # nothing to time
+    assert "r|sequential" not in json.loads((tmp_path / "backend.json").read_text())
 
 
 def test_batchnorm_running_stats_are_client_ordered_ema():
@@ -111,7 +147,7 @@ def test_fold_running_stats_identity_for_one_client():
     flat = make(models.resnet20)
     start = flat.buffers()
     copies = {k: (v + 1).unsqueeze(0) for k, v in start.items()}
-    out = fold_running_stats(flat.module, start, copies)
+    out = fold_running_stats(flat.module, start, copies, 1)
     torch.testing.assert_close(out["bn1.running_mean"], start["bn1.running_mean"] + 1)
 
 
@@ -181,22 +217,22 @@ def test_clip_factors_survive_float32_overflow():
     is redone in float64, so it is clipped, not dropped as an infinite norm would be. A norm too small for
     float32 squares (1e-30) reads as 0: its sample is left unclipped, as the exact norm leaves it."""
     t = torch.tensor([[3.0, 4.0, 0.0], [1e30, -1e30, 2.0], [1e-30, 0.0, 0.0]])
-    sq = engine_module._sq_norms(t)
+    sq = clipping.sq_norms(t)
     exact = t.double().pow(2).sum(1)
     assert sq.dtype == torch.float64
     torch.testing.assert_close(sq[:2], exact[:2], rtol=1e-6, atol=0)
     for clip in (1e-3, 1.0, 10.0):
-        got, want = engine_module._clip_factors(sq, clip), engine_module._clip_factors(exact, clip)
+        got, want = clipping.clip_factors(sq, clip), clipping.clip_factors(exact, clip)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
         assert got[1] > 0
 
 
-@pytest.mark.parametrize("path", ["layer norms", "vmap"])
+@pytest.mark.parametrize("path", ["layer norms", "vmap", "stacked"])
 def test_clipped_per_sample_sums_match_a_naive_loop(path, monkeypatch):
-    """DP-SGD's per-sample clipping (from layer norms, or vmap over samples) against one backward pass
-    per sample."""
+    """DP-SGD's per-sample clipping (from layer norms, vmap over samples, or every client in one stacked
+    pass) against one backward pass per sample."""
     if path == "vmap":
-        monkeypatch.setattr(engine_module, "_norm_layers", lambda module: None)
+        monkeypatch.setattr(clients_module, "norm_layers", lambda module: None)
     torch.manual_seed(2)
     x_all = torch.randint(0, 256, (60, 1, 28, 28), dtype=torch.uint8)
     y_all = torch.randint(0, 10, (60,))
@@ -204,7 +240,7 @@ def test_clipped_per_sample_sums_match_a_naive_loop(path, monkeypatch):
     prep = Preprocess((0.5,), (0.5,), CPU)
     data = ClientData(x_all, y_all, parts, 8, 0, prep, augment=False)
     flat = make(models.cnn, in_shape=(1, 28, 28))
-    engine = ClientEngine(flat, "sequential")
+    engine = ClientEngine(flat, "stacked" if path == "stacked" else "sequential")
     X = torch.stack([flat.vector(), flat.vector() + 0.01 * torch.randn(flat.dim)])   # one point per client
     batches = data.poisson_batches(0.3)
     clip = 0.1
@@ -224,6 +260,10 @@ def test_clipped_per_sample_sums_match_a_naive_loop(path, monkeypatch):
         torch.testing.assert_close(sums[i], total, rtol=1e-4, atol=1e-6)
         assert max(norms) <= clip * (1 + 1e-6) and losses[i].item() == pytest.approx(np.mean(ls), rel=1e-5)
     assert {len(b[1]) for b in batches} != {30} and all(0 < len(b[1]) < 30 for b in batches)   # Poisson sizes
+    empty = (batches[0][0][:0], batches[0][1][:0], 1.0)                   # a client whose Poisson batch is empty
+    more, more_losses = engine.clipped_sums(torch.cat([X, X[:1]]), [*batches, empty], clip)
+    torch.testing.assert_close(more[:2], sums, rtol=1e-5, atol=1e-7)
+    assert not more[2].any() and more_losses[2] == 0
 
 
 def test_poisson_sampling_rate_and_seeding():

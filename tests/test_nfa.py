@@ -35,10 +35,14 @@ def test_normfedavg_one_client_two_rounds_by_hand():
     assert torch.allclose(x2, torch.tensor([0.6, 0.8], dtype=torch.float64))
 
 
-def test_local_sgd_is_pytorch_sgd_with_momentum_and_weight_decay():
+@pytest.mark.parametrize("side_by_side", [False, True])
+def test_local_sgd_is_pytorch_sgd_with_momentum_and_weight_decay(side_by_side):
+    """One client at a time, or every client stepping together (a backend that computes them side by side)."""
     b = torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]], dtype=torch.float64)
     x = torch.tensor([0.2, 0.1, -0.3], dtype=torch.float64)
-    W, loss = local_sgd(x, Quadratic(b), torch.tensor([0, 1]), steps=5, lr=0.1, momentum=0.9, weight_decay=0.01)
+    clients = Quadratic(b)
+    clients.side_by_side = side_by_side
+    W, loss = local_sgd(x, clients, torch.tensor([0, 1]), steps=5, lr=0.1, momentum=0.9, weight_decay=0.01)
     for i in range(2):
         w = torch.nn.Parameter(x.clone())
         opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=0.01)

@@ -68,18 +68,20 @@ def test_every_released_vector_respects_the_upload_bound(centers, x0, beta, algo
 
 
 @SETTINGS
-@given(data=extreme_stacks(n=5, d=8), clip=st.sampled_from([1e-3, 0.1, 1.0]), vmap=st.booleans())
-def test_clipped_per_sample_sums_are_bounded(data, clip, vmap):
+@given(data=extreme_stacks(n=5, d=8), clip=st.sampled_from([1e-3, 0.1, 1.0]),
+       way=st.sampled_from(["layer norms", "vmap", "stacked"]))
+def test_clipped_per_sample_sums_are_bounded(data, clip, way):
     """DP-SGD: each of B samples contributes at most C, so a client's sum has norm <= B C, whatever the
-    inputs (both ways of computing per-sample norms)."""
+    inputs (every way of computing per-sample norms; stacked: beside a client with fewer samples)."""
     torch.manual_seed(0)
     flat = FlatModel(models.logreg((8,), 3), torch.device("cpu"))
-    engine = ClientEngine(flat)
-    if vmap:
+    engine = ClientEngine(flat, "stacked" if way == "stacked" else "sequential")
+    if way == "vmap":
         engine.norm_layers = None
     y = torch.tensor([0, 1, 2, 0, 1])
-    sums, _ = engine.clipped_sums(flat.vector(), [(data, y, 1.0)], clip)
+    sums, _ = engine.clipped_sums(flat.vector(), [(data, y, 1.0), (data[:2], y[:2], 1.0)], clip)
     assert float(torch.linalg.vector_norm(sums[0].double())) <= 5 * clip * (1 + 1e-5)
+    assert float(torch.linalg.vector_norm(sums[1].double())) <= 2 * clip * (1 + 1e-5)
 
 
 @SETTINGS

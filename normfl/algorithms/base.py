@@ -20,6 +20,9 @@ class Clients(Protocol):
     def cyclic_pass(self, batch_size: int) -> list:
         """Each client's local data in a fixed order, as a list of steps of per-client batches."""
 
+    side_by_side: bool
+    """Whether the clients are computed together (then local steps are best taken by all clients at once)."""
+
 
 class Algorithm:
     """One communication round maps the global model x^k to x^{k+1}.

@@ -48,25 +48,27 @@ def local_sgd(x: torch.Tensor, clients: Clients, ids, steps: int, lr: float, mom
 
         d = ∇f_i(w) + λ w,   b = μ b + d,   w = w - η b.
 
-    One client at a time, all its steps in a row: its vectors stay in cache (9% faster than stepping
-    every client together on NormFedAvg's MLP, bit for bit the same). Returns ([len(ids), d] final
-    points w_{k,E}, [len(ids)] minibatch losses at x)."""
+    Where the backend computes clients side by side (vmap, stacked), every client steps together;
+    otherwise one client at a time, all its steps in a row: its vectors stay in cache (9% faster than
+    stepping every client together on NormFedAvg's MLP, bit for bit the same). Returns ([len(ids), d]
+    final points w_{k,E}, [len(ids)] minibatch losses at x)."""
     ids = torch.as_tensor(ids).reshape(-1)
     W = torch.empty(len(ids), x.numel(), device=x.device, dtype=x.dtype)
     loss = torch.empty(len(ids), device=x.device, dtype=x.dtype)
-    for j, i in enumerate(ids.tolist()):
+    first = 0
+    for block in ([ids] if clients.side_by_side else ids.split(1)):
+        rows, first = slice(first, first + len(block)), first + len(block)
         w, buf = x, None
         for _ in range(steps):
-            g, step_loss = clients.grads(w, ids=[i])                # a fresh tensor: updated in place below
-            g = g[0]
+            g, step_loss = clients.grads(w, ids=block)              # a fresh tensor: updated in place below
             if weight_decay:
                 g.add_(w, alpha=weight_decay)
             if buf is None:
-                buf, loss[j] = g, step_loss[0]
+                buf, loss[rows] = g, step_loss
             else:
                 buf.mul_(momentum).add_(g)
             w = x - lr * buf if w is x else w.sub_(buf, alpha=lr)    # x itself is never written
-        W[j] = w
+        W[rows] = w
     return W, loss
 
 

@@ -1,5 +1,6 @@
-"""Datasets as in-memory tensors, batched transforms and client partitions."""
+"""Datasets as in-memory tensors, batched transforms, client partitions and the clients' batch streams."""
 
+from normfl.data.clients import ClientData, Preprocess
 from normfl.data.partition import dirichlet, iid, label_histogram, natural, sampled_shards, shards
 from normfl.data.sources import (
     SPLITS,
@@ -17,6 +18,7 @@ from normfl.data.transforms import augment_crop_flip, normalize
 __all__ = [
     "SPLITS",
     "ArrayDataset",
+    "ClientData",
     "DataNotFoundError",
     "apply_split",
     "augment_crop_flip",
@@ -30,6 +32,7 @@ __all__ = [
     "load_npz",
     "natural",
     "normalize",
+    "Preprocess",
     "sampled_shards",
     "shards",
 ]

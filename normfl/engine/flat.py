@@ -1,0 +1,92 @@
+"""The model as a flat vector x in R^d, and the device a run computes on."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` prefers CUDA, then Apple MPS, then the CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device.name='cuda' but torch.cuda.is_available() is False; use auto or cpu")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError("device.name='mps' but MPS is not available; use auto or cpu")
+    return torch.device(name)
+
+
+class FlatModel:
+    """A module whose trainable parameters are viewed as one flat vector x in R^d.
+
+    The order of x is the order of ``model.parameters()`` (so ``params.npy`` loads back with
+    ``torch.nn.utils.vector_to_parameters``).
+    """
+
+    def __init__(self, module: nn.Module, device: torch.device, precision: str = "fp32"):
+        self.module = module.to(device)
+        self.device, self.precision = device, precision
+        self.names = [n for n, _ in module.named_parameters()]
+        self.shapes = [p.shape for p in module.parameters()]
+        self.sizes = [p.numel() for p in module.parameters()]
+        self.dim = sum(self.sizes)
+
+    def run(self, fn, *args) -> torch.Tensor:
+        """``fn(*args)``, a model's forward pass, in the run's precision: as it is, or under bf16 autocast and
+        then cast to fp32 (parameters, gradients and everything the algorithms do with them stay fp32;
+        only the model's matmuls and convolutions run in bf16)."""
+        if self.precision != "bf16":
+            return fn(*args)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            return fn(*args).float()
+
+    def forward(self, xb: torch.Tensor) -> torch.Tensor:
+        """The module's output, in the run's precision (``run``)."""
+        return self.run(self.module, xb)
+
+    def vector(self) -> torch.Tensor:
+        return torch.nn.utils.parameters_to_vector(self.module.parameters()).detach().clone()
+
+    def load(self, x: torch.Tensor) -> None:
+        torch.nn.utils.vector_to_parameters(x, self.module.parameters())
+
+    def as_params(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of x (``[d]`` or ``[n, d]``) shaped like the parameters."""
+        lead = x.shape[:-1]
+        chunks = torch.split(x, self.sizes, dim=-1)
+        return {n: c.reshape(*lead, *s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {n: b.detach().clone() for n, b in self.module.named_buffers()}
+
+    def set_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
+        for n, b in self.module.named_buffers():
+            b.copy_(buffers[n])
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, prep, batch: int | None = None):
+        """(mean cross-entropy, accuracy) of x on a dataset, in eval mode.
+
+        Default batch: 100 on a CPU, where it stays in cache (ResNet20 on the CIFAR-10 test set, one
+        thread: 4.1 s against 8.8 s at batch 1000, same accuracy); 1000 on an accelerator. The sums stay
+        on the device until the end: one host synchronisation per evaluation, not one per batch."""
+        batch = batch or (100 if self.device.type == "cpu" else 1000)
+        self.load(x)
+        self.module.eval()
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        for s in range(0, len(ys), batch):
+            xb, yb = prep(xs[s:s + batch]), ys[s:s + batch].to(self.device)
+            out = self.forward(xb)
+            loss += F.cross_entropy(out, yb, reduction="sum")
+            correct += (out.argmax(1) == yb).sum()
+        self.module.train()
+        return loss.item() / len(ys), correct.item() / len(ys)
