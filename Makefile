@@ -4,9 +4,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
-# Paper figures and tables (see REPRODUCTION.md): make <id> [profile=paper|quick] [parallel=N]
+# Paper figures and tables (see REPRODUCTION.md): make <id> [profile=paper|quick] [parallel=N] [stack=N]
 profile  ?= paper
 parallel ?= 1
+stack    ?=
+RUNOPTS   = --profile $(profile) --parallel $(parallel) $(if $(stack),--stack $(stack))
 IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normec-f8 normec-f9 normec-t2 normec-f10 normec-f11 normec-f12 normec-f13 \
        fednormec-f1 fednormec-f2 fednormec-f3 fednormec-f4 fednormec-f5 alidpfl-t2 alidpfl-t3 \
@@ -43,10 +45,10 @@ privacy-table: $(STAMP)    ## regenerate docs/privacy.md from dp-accounting
 	$(BIN)/python scripts/privacy_table.py > docs/privacy.md.tmp && mv docs/privacy.md.tmp docs/privacy.md
 
 $(IDS): $(STAMP)           ## train the missing runs of one figure/table's grid, then draw it
-	$(REPRODUCE) run $@ --profile $(profile) --parallel $(parallel) $(ARGS)
+	$(REPRODUCE) run $@ $(RUNOPTS) $(ARGS)
 
 all-figures: $(STAMP)      ## every figure/table's grid (long: see REPRODUCTION.md for times)
-	$(REPRODUCE) run $(IDS) --profile $(profile) --parallel $(parallel) $(ARGS)
+	$(REPRODUCE) run $(IDS) $(RUNOPTS) $(ARGS)
 
 figures: $(STAMP)          ## redraw every figure/table of both profiles from stored runs, no training
 	$(REPRODUCE) figures --profile paper

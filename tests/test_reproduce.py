@@ -74,6 +74,20 @@ def test_run_missing_trains_only_what_is_missing_and_records_failures(tmp_path, 
     assert "2 already stored, 1 to run" in logs[-2]
 
 
+def test_run_missing_stacks_runs_that_share_model_and_data(tmp_path, data_root, monkeypatch):
+    """With ``stack``, runs that share model, data and seed train in one process; each lands in its own store
+    folder with its config, and a refused one is recorded as failed with the reason."""
+    monkeypatch.setenv("NORMFL_DATA", str(data_root))
+    points = [["algo.beta=0.1"], ["algo.beta=1.0"], ["algo.gamma=-1"]]
+    jobs = [store.Job({}, [*TINY, *p], key=f"k{i}", cfg=store.compose((*TINY, *p))) for i, p in enumerate(points)]
+    logs = []
+    counts = store.run_missing(jobs, tmp_path, stack=4, log=logs.append)
+    assert counts == {"completed": 2, "failed": 1} and "up to 4 run(s) per process" in logs[0]
+    for k in ("k0", "k1"):
+        assert (tmp_path / k / ".hydra" / "config.yaml").is_file() and len(pd.read_csv(tmp_path / k / "metrics.csv")) == 3
+    assert "algo.gamma" in json.loads((tmp_path / "k2" / "summary.json").read_text())["error"]
+
+
 def fake_run(d: Path, final_acc, losses, status="completed", **summary):
     d.mkdir(parents=True)
     rounds = range(len(losses) + 1)

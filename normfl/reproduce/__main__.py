@@ -5,6 +5,7 @@
     report          write REPRODUCTION.md from stored runs
     list            the IDs, their experiment files and grid sizes
     adopt DIRS...   copy finished hand-made runs into the store when a grid needs them
+    together DIRS.. train the runs whose configs the driver left in DIRS side by side (``run --stack``)
 
 IDs are written as in the specs or as make targets (NORMEC-T2 = normec-t2 = normec_t2).
 """
@@ -26,11 +27,14 @@ DEFAULT_STORE = store.ROOT / "outputs" / "store"
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=("run", "figures", "report", "list", "adopt"))
-    ap.add_argument("names", nargs="*", help="IDs (run, figures) or run folders (adopt)")
+    ap.add_argument("command", choices=("run", "figures", "report", "list", "adopt", "together"))
+    ap.add_argument("names", nargs="*", help="IDs (run, figures) or run folders (adopt, together)")
     ap.add_argument("--profile", default="paper", choices=store.PROFILES)
     ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / parallel)")
+    ap.add_argument("--stack", type=int, default=None,
+                    help="runs sharing model, data and seed trained side by side in one process (default: 16 on a "
+                         "GPU, 1 on a CPU)")
     ap.add_argument("--match", default=None, help="only the runs whose train.py command contains this text")
     ap.add_argument("--retry-failed", action="store_true", help="also re-run runs stored as failed")
     ap.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
@@ -41,6 +45,8 @@ def main(argv=None) -> None:
 
     if args.command == "adopt":
         return adopt(args.names, args.profile, args.store)
+    if args.command == "together":
+        return together(args.names, args.threads)
     if args.command == "list":
         for t in targets.TARGETS.values():
             sizes = [len(store.grid_points(t.experiment, p)) for p in store.PROFILES]
@@ -56,7 +62,8 @@ def main(argv=None) -> None:
                 for j in job_list:
                     print(f"  {store.status(j.dir(args.store)):9s} {j.key}  {j.command()}")
                 continue
-            store.run_missing(job_list, args.store, args.parallel, args.threads, args.retry_failed)
+            store.run_missing(job_list, args.store, args.parallel, args.threads, args.retry_failed,
+                              stack=args.stack or store.default_stack())
     if args.command in ("run", "figures") and not args.dry_run:
         from normfl.reproduce import figures
 
@@ -69,6 +76,21 @@ def main(argv=None) -> None:
         path = report.write(args.store)
         print(f"wrote {path.relative_to(store.ROOT)}")
     return None
+
+
+def together(dirs: list[str], threads: int | None) -> None:
+    """Train the runs whose configs ``run_missing`` left in ``DIR/.hydra/config.yaml`` side by side."""
+    import logging
+
+    from normfl.run import train_together
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    jobs = []
+    for d in map(Path, dirs):
+        cfg = OmegaConf.load(d / ".hydra" / "config.yaml")
+        cfg.threads, cfg.progress = threads, False
+        jobs.append((cfg, d))
+    train_together(jobs, max_runs=len(jobs))
 
 
 def adopt(dirs: list[str], profile: str, store_dir: Path) -> None:

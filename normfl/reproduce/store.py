@@ -143,42 +143,76 @@ def status(run_dir: Path) -> str:
         return "missing"
 
 
-def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: int | None = None,
-                retry_failed: bool = False, log=print) -> dict[str, int]:
-    """Train every job whose run is not finished, ``parallel`` at a time; returns status counts.
+def default_stack() -> int:
+    """Runs trained side by side in one process by default: 16 on a GPU, where one stacked pass serves
+    them all; 1 on a CPU, where separate processes (``parallel``) do as well or better."""
+    import torch
 
-    Each run is a ``train.py`` subprocess writing into its store folder, so a crash or a divergence
-    stays with that run and the others go on. A folder without a summary (a killed run) continues
-    from its checkpoint, or is cleared and run again if it has none.
+    return 16 if torch.cuda.is_available() else 1
+
+
+def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: int | None = None,
+                retry_failed: bool = False, log=print, stack: int = 1) -> dict[str, int]:
+    """Train every job whose run is not finished, ``parallel`` processes at a time; returns status counts.
+
+    Each process writes into its runs' store folders, so a crash stays with its runs and the others go
+    on. A process trains one run (``train.py``), or with ``stack`` > 1 up to ``stack`` runs that share
+    model, data and seed side by side (``normfl.run.train_together``), where a run that diverges or
+    fails ends alone. A folder without a summary (a killed run) continues from its checkpoint, or is
+    cleared and run again if it has none.
     """
+    from normfl.run import shared_key
+
     skip = FINISHED if retry_failed else (*FINISHED, "failed")
     todo = [job for job in job_list if status(job.dir(store)) not in skip]
     threads = threads or max(1, (os.cpu_count() or 1) // parallel)
+    groups: dict[str, list[Job]] = {}
+    for job in todo:                       # a job without its config (made by hand) trains alone
+        groups.setdefault(shared_key(job.cfg) if job.cfg is not None and stack > 1 else job.key, []).append(job)
+    units = [g[i:i + stack] for g in groups.values() for i in range(0, len(g), max(1, stack))]
     log(f"{len(job_list)} runs, {len(job_list) - len(todo)} already stored, {len(todo)} to run "
-        f"({parallel} at a time, {threads} thread(s) each)")
+        f"({parallel} process(es) at a time, {threads} thread(s) each, up to {stack} run(s) per process)")
 
-    def one(job: Job) -> str:
+    def prepare(job: Job) -> tuple[Path, bool]:
         d = job.dir(store)
         resume = (d / checkpoint.NAME).exists()
         if not resume:
             shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, str(ROOT / "train.py"), *job.overrides, f"hydra.run.dir={d}",
-               f"threads={threads}", "progress=false"]
+        return d, resume
+
+    def train(unit: list[Job]) -> list[str]:
+        dirs = [prepare(job) for job in unit]
+        if len(unit) == 1:
+            cmd = [sys.executable, str(ROOT / "train.py"), *unit[0].overrides, f"hydra.run.dir={dirs[0][0]}",
+                   f"threads={threads}", "progress=false"]
+        else:
+            for job, (d, _) in zip(unit, dirs, strict=True):
+                (d / ".hydra").mkdir(exist_ok=True)
+                OmegaConf.save(job.cfg, d / ".hydra" / "config.yaml")
+                OmegaConf.save(OmegaConf.create(job.overrides), d / ".hydra" / "overrides.yaml")
+            cmd = [sys.executable, "-m", "normfl.reproduce", "together", *(str(d) for d, _ in dirs),
+                   "--threads", str(threads)]
         t0 = time.time()
-        with open(d / "stdout.txt", "a" if resume else "w") as fh:
-            subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False)
-        st = status(d)
-        if st == "missing":  # refused or crashed before writing its summary
-            (d / "summary.json").write_text(json.dumps({"status": "failed", "error": _tail(d / "stdout.txt")}))
-            st = "failed"
-        log(f"  {st:9s} {time.time() - t0:7.1f} s  {d.name}  {' '.join(job.overrides)}")
-        return st
+        out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False, text=True)
+        states = []
+        for job, (d, resume) in zip(unit, dirs, strict=True):
+            d.mkdir(parents=True, exist_ok=True)          # a run refused in a stack leaves no folder
+            with open(d / "stdout.txt", "a" if resume else "w") as fh:
+                fh.write(out.stdout)
+            st = status(d)
+            if st == "missing":  # refused or crashed before writing its summary
+                (d / "summary.json").write_text(json.dumps({"status": "failed", "error": _tail(d / "stdout.txt")}))
+                st = "failed"
+            log(f"  {st:9s} {time.time() - t0:7.1f} s  {d.name}  {' '.join(job.overrides)}")
+            states.append(st)
+        return states
 
     counts: dict[str, int] = {}
     with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
-        for st in pool.map(one, todo):
-            counts[st] = counts.get(st, 0) + 1
+        for states in pool.map(train, units):
+            for st in states:
+                counts[st] = counts.get(st, 0) + 1
     return counts
 
 

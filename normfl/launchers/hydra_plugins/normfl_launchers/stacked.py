@@ -1,0 +1,55 @@
+"""``hydra/launcher=stacked``: the jobs of a sweep that share model, data and seed train in one process,
+side by side (``normfl.run.train_together``), every job in its own run directory as Hydra would make it.
+
+Hydra finds launchers only in the ``hydra_plugins`` namespace package; ``train.py`` puts the folder
+holding this one on the import path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from omegaconf import open_dict
+
+log = logging.getLogger(__name__)
+
+
+def _output_dir(cfg) -> Path:
+    """The task each job runs under Hydra: nothing but noting where Hydra put its run directory."""
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+class StackedLauncher(Launcher):
+    def __init__(self, max_runs: int = 32) -> None:
+        self.max_runs = int(max_runs)
+        self.config = self.hydra_context = self.task_function = None
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from normfl.run import train_together
+
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        log.info(f"Preparing {len(job_overrides)} jobs to train side by side (at most {self.max_runs} at once)")
+        jobs: list[JobReturn] = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = idx
+                sweep_config.hydra.job.num = idx
+            jobs.append(run_job(hydra_context=self.hydra_context, task_function=_output_dir, config=sweep_config,
+                                job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        summaries = train_together([(job.cfg, job.return_value) for job in jobs], self.max_runs)
+        for job, summary in zip(jobs, summaries, strict=True):
+            job.return_value = summary
+        return jobs

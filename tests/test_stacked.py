@@ -1,0 +1,109 @@
+"""The stacked backend and runs trained side by side give the results of the sequential reference and of
+the runs made alone, for every algorithm, up to float rounding."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from normfl.engine.stacked import StackedPass
+from normfl.run import run, train_together
+from tests.test_determinism import ALGOS, BASE, EXTRA
+from tests.test_end_to_end import train
+
+REPO = Path(__file__).resolve().parents[1]
+METRICS = ["train_loss", "test_loss", "test_acc"]
+
+
+def config(data_root, *overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=[*BASE, f"data_root={data_root}", *overrides])
+
+
+def outputs(run_dir: Path):
+    return pd.read_csv(run_dir / "metrics.csv"), np.load(run_dir / "params.npy")
+
+
+def assert_same_run(a: Path, b: Path, rtol=1e-4):
+    """Metrics equal to ``rtol``; the parameter vectors within ``rtol`` of each other in norm."""
+    (ma, pa), (mb, pb) = outputs(a), outputs(b)
+    assert list(ma["round"]) == list(mb["round"])
+    for col in METRICS:
+        np.testing.assert_allclose(mb[col], ma[col], rtol=rtol, atol=1e-6, err_msg=col)
+    assert np.linalg.norm(pb - pa) <= rtol * np.linalg.norm(pa)
+
+
+# Every client operator on a model it is run with: T local GD steps on ResNet20 with GroupNorm, NFA's local
+# SGD with momentum on the MLP, DP-SGD's per-sample clipping on the CNN, one gradient on ResNet20 with
+# BatchNorm (its running statistics too: they enter the test loss).
+CIFAR = ["dataset=cifar10", "dataset.train_limit=96", "dataset.test_limit=50", "batch_size=8", "clients=3"]
+MODELS = {
+    "resnet20-batch normec": [*CIFAR, "algo=normec", "model=resnet20"],
+    "resnet20-group fed_normec": [*CIFAR, "algo=fed_normec", "model=resnet20", "model.norm=group",
+                                  "algo.local_steps=2"],
+    "mlp normfedavg": ["algo=normfedavg", "model=mlp", "algo.local_steps=2"],
+    "cnn dpfl": ["algo=dpfl", "model=cnn", "model.hidden=32"],
+}
+
+
+@pytest.mark.parametrize("overrides", [[f"algo={a}", *EXTRA.get(a, [])] for a in ALGOS] + list(MODELS.values()),
+                         ids=[*ALGOS, *MODELS])
+def test_stacked_equals_sequential(overrides, tmp_path, data_root):
+    """Float32 runs: grouped and dense convolutions round differently, and ResNet20's twenty layers and its
+    BatchNorm statistics carry that to about 1e-4 of the test loss in three rounds."""
+    for backend in ("sequential", "stacked"):
+        (tmp_path / backend).mkdir()
+        summary = run(config(data_root, f"backend={backend}", *overrides), tmp_path / backend)
+        assert summary["status"] == "completed" and summary["backend"] == backend
+    rtol = 1e-3 if "model=resnet20" in overrides else 1e-4
+    assert_same_run(tmp_path / "sequential", tmp_path / "stacked", rtol=rtol)
+
+
+def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkeypatch):
+    """Four runs of different algorithms and settings share one process and one pass per round; each ends
+    as it does alone. A diverging run is recorded as diverged and the others go on; a refused run leaves
+    no directory; a finished run is not trained again."""
+    passes = []
+    grads = StackedPass.grads
+    monkeypatch.setattr(StackedPass, "grads", lambda self, x, piece, stats=None: (passes.append(len(piece)),
+                                                                                  grads(self, x, piece, stats))[1])
+    grid = {"normec-a": ["algo=normec", "algo.beta=0.1", "algo.gamma=0.1"],
+            "normec-b": ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01", "algo.server_norm=false"],
+            "dp_fed_normec": ["algo=dp_fed_normec", "p=0.5", "algo.local_steps=2", "rounds=4"],
+            "clip21": ["algo=clip21", "algo.gamma=1e38"],            # diverges
+            "refused": ["algo=normec", "algo.gamma=-1"]}
+    jobs = []
+    for name, overrides in grid.items():
+        (tmp_path / "together" / name).mkdir(parents=True)
+        jobs.append((config(data_root, "backend=stacked", *overrides), tmp_path / "together" / name))
+    summaries = train_together(jobs)
+    assert [s and s["status"] for s in summaries] == ["completed", "completed", "completed", "diverged", None]
+    assert passes[0] == 16                                   # the first round: 4 runs x 4 clients in one pass
+    assert not (tmp_path / "together" / "refused").exists()
+    for name in ("normec-a", "normec-b", "dp_fed_normec"):
+        (tmp_path / "alone" / name).mkdir(parents=True)
+        run(config(data_root, "backend=stacked", *grid[name]), tmp_path / "alone" / name)
+        assert_same_run(tmp_path / "alone" / name, tmp_path / "together" / name)
+    diverged = pd.read_csv(tmp_path / "together" / "clip21" / "metrics.csv")
+    assert len(diverged) < 4 and np.isnan(diverged["test_acc"].iloc[-1])          # stopped when it diverged
+    before = (tmp_path / "together" / "normec-a" / "summary.json").read_text()
+    again = train_together(jobs[:1])                          # finished: left as it is
+    assert again[0]["status"] == "completed" and (tmp_path / "together" / "normec-a" / "summary.json").read_text() \
+        == before
+
+
+def test_stacked_launcher_sweep(tmp_path, data_root):
+    """``hydra/launcher=stacked``: the user's sweep command is unchanged, every job gets its run directory
+    with its config, metrics and summary."""
+    train(data_root, "dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=3", "eval_every=3",
+          "dataset.train_limit=600", "dataset.test_limit=100", "progress=false", "backend=stacked",
+          "algo=normec", "algo.beta=0.1,1.0", "algo.gamma=0.1", "hydra/launcher=stacked",
+          f"hydra.sweep.dir={tmp_path}", multirun=True)
+    dirs = sorted(d for d in tmp_path.iterdir() if d.is_dir())
+    assert [d.name.split("_", 1)[0] for d in dirs] == ["0", "1"]
+    for d in dirs:
+        assert (d / ".hydra" / "config.yaml").is_file() and len(pd.read_csv(d / "metrics.csv")) == 4
+        assert json.loads((d / "summary.json").read_text())["backend"] == "stacked"
