@@ -93,3 +93,28 @@ def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert "already holds this config's finished run" in again.stdout + again.stderr
     assert (jobs["0"] / "summary.json").read_text() == before
+
+
+def test_killed_stacked_sweep_resumes_to_identical_outputs(tmp_path, data_root):
+    """Runs trained side by side keep a checkpoint each: a sweep killed part-way and run again ends with the
+    metrics and parameters of the sweep never interrupted."""
+    def cmd(sweep_dir):
+        return [sys.executable, str(REPO / "train.py"), "-m", f"data_root={data_root}", *BASE, "rounds=120",
+                "hydra/launcher=stacked", "backend=stacked", "algo=normec", "clients=4", "algo.beta=0.1,1.0",
+                f"hydra.sweep.dir={sweep_dir}"]
+
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    proc = subprocess.Popen(cmd(killed), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while proc.poll() is None and len(list(killed.glob("*/checkpoint.pt"))) < 2:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not list(killed.glob("*/summary.json"))                           # killed part-way
+    again = subprocess.run(cmd(killed), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and (again.stdout + again.stderr).count("resuming from round") == 2, again.stderr
+    first = subprocess.run(cmd(whole), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for job in sorted(d.name for d in whole.iterdir() if d.is_dir()):
+        a, b = (pd.read_csv(d / job / "metrics.csv").drop(columns="wall_time") for d in (whole, killed))
+        pd.testing.assert_frame_equal(a, b)
+        assert np.array_equal(np.load(whole / job / "params.npy"), np.load(killed / job / "params.npy"))

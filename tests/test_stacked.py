@@ -64,8 +64,8 @@ def test_stacked_equals_sequential(overrides, tmp_path, data_root):
 
 def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkeypatch):
     """Four runs of different algorithms and settings share one process and one pass per round; each ends
-    as it does alone. A diverging run is recorded as diverged and the others go on; a refused run leaves
-    no directory; a finished run is not trained again."""
+    as it does alone. A diverging run is recorded as diverged, a crashing one as failed with its error, and
+    the others go on; a refused run leaves no directory; a finished run is not trained again."""
     passes = []
     grads = StackedPass.grads
     monkeypatch.setattr(StackedPass, "grads", lambda self, x, piece, stats=None: (passes.append(len(piece)),
@@ -74,14 +74,17 @@ def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkey
             "normec-b": ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01", "algo.server_norm=false"],
             "dp_fed_normec": ["algo=dp_fed_normec", "p=0.5", "algo.local_steps=2", "rounds=4"],
             "clip21": ["algo=clip21", "algo.gamma=1e38"],            # diverges
+            "crasher": ["algo=normec", "algo._target_=tests.helpers.Crasher"],     # raises in round 1
             "refused": ["algo=normec", "algo.gamma=-1"]}
     jobs = []
     for name, overrides in grid.items():
         (tmp_path / "together" / name).mkdir(parents=True)
         jobs.append((config(data_root, "backend=stacked", *overrides), tmp_path / "together" / name))
     summaries = train_together(jobs)
-    assert [s and s["status"] for s in summaries] == ["completed", "completed", "completed", "diverged", None]
-    assert passes[0] == 16                                   # the first round: 4 runs x 4 clients in one pass
+    assert [s and s["status"] for s in summaries] == ["completed", "completed", "completed", "diverged", None, None]
+    assert passes[0] == 20                                   # the first round: 5 runs x 4 clients in one pass
+    crashed = json.loads((tmp_path / "together" / "crasher" / "summary.json").read_text())
+    assert crashed["status"] == "failed" and "crashed on purpose in round 1" in crashed["error"]
     assert not (tmp_path / "together" / "refused").exists()
     for name in ("normec-a", "normec-b", "dp_fed_normec"):
         (tmp_path / "alone" / name).mkdir(parents=True)
