@@ -68,6 +68,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "oracle", ORACLES, optional=False)
     _choice(cfg, "backend", BACKENDS, optional=False)
     _choice(cfg, "precision", PRECISIONS, optional=False)
+    _choice(cfg, "deterministic", (True, False))
     if cfg.precision == "bf16" and cfg.device.name == "mps":
         raise ConfigError("precision", "bf16", "fp32 on mps (bf16 autocast needs a CPU or CUDA device)")
     if cfg.precision == "bf16" and cfg.backend in ("vmap", "analytic"):
@@ -213,7 +214,7 @@ def validate_data(cfg: DictConfig, parts) -> None:
 # What does not change what a run computes: left out of its key (the run store's folder names, and
 # the check that a checkpoint or a finished run in a folder belongs to the config asking for it).
 NOT_IN_KEY = ("hydra", "grid", "paper", "quick", "threads", "progress", "backend", "device", "logger",
-              "data_root", "offline_data", "save_params", "checkpoint_every", "resume")
+              "data_root", "offline_data", "save_params", "checkpoint_every", "resume", "deterministic")
 
 KEY_DEFAULTS = {"precision": "fp32"}
 

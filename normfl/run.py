@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import math
+import os
 import platform
 import shutil
 import sys
@@ -83,7 +84,7 @@ class Setup:
 # model and the way the pass runs. Everything else (the algorithm and its settings, privacy, rounds,
 # participation, evaluation) may differ: each run keeps its own state and batch streams.
 SHARED = ("dataset", "partition", "model", "clients", "seed", "batch_size", "oracle", "precision", "backend",
-          "device", "threads", "data_root", "offline_data")
+          "device", "threads", "deterministic", "data_root", "offline_data")
 
 
 def shared_key(cfg: DictConfig, keys=SHARED) -> str:
@@ -96,6 +97,10 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     Runs built with one ``cache`` load and prepare the same data once."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    deterministic = bool(cfg.get("deterministic", False))
+    if deterministic:                        # cuBLAS needs a fixed workspace for repeatable sums
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic)
     device = pick_device(cfg.device.name)
     try:                                     # before the data: a setting the algorithm lacks is bad input
         algo = instantiate(cfg.algo)

@@ -8,26 +8,34 @@ variant alike (medians over ``--reps`` rounds, after one warm-up round):
 - ``normfl/<backend>``: one whole round of the algorithm (client computation, its vector work,
   noise) through ``normfl.run.build``, the objects a run uses, for each backend that applies;
 - ``floor``: the bare forward + backward (+ optimizer step where the clients take local steps) of
-  exactly the samples that round used, in plain PyTorch on one ordinary model, data already in memory;
+  exactly the samples that round used, in plain PyTorch on one ordinary model, data already in memory,
+  one client's batch at a time (the per-client loop floor);
+- ``dense floor``: the same samples, every client's batch of one step in ONE batch through one plain
+  model (what a round costs if per-client gradients were free); on CUDA in channels_last and replayed
+  from a CUDA graph (``../shared/gpu/probes/dense_floor.py``);
 - ``paper-style``: the same work done the way the papers' public code does it: a deepcopy of the
   global model per client, a torch DataLoader over PIL images with torchvision transforms, and
   state-dict averaging (per-sample gradients by a loop over samples for DP-SGD);
 - ``eval``: one pass over the test set (normfl's evaluation);
-- ``+bf16``: normfl's sequential backend and the floor under bf16 autocast (``precision=bf16``;
-  not for DP-SGD, whose per-sample clipping stays fp32).
+- ``+bf16``: normfl's sequential and stacked backends and the floors under bf16 autocast
+  (``precision=bf16``; not for DP-SGD, whose per-sample clipping stays fp32).
 
 Settings: A NORMEC (CIFAR-10 ResNet20, 10 clients x one gradient of batch 32); B NormFedAvg
 (Fashion-MNIST MLP, 25 of 50 clients x 20 local steps x batch 256); C FEDNORMEC (20 clients,
 p = 0.25: every client computes, the box); D DPFL (Fashion-MNIST CNN, per-sample clipped DP-SGD, one
-local step). Extra overrides apply to every setting. Last, sweep-level parallelism: runs per hour of a
-2 x 2 grid, one job at a time with all threads against joblib jobs with one thread each. Prints one
-table (seconds and ratio to the floor) and writes outputs/bench/bench.csv.
+local step). Extra overrides apply to every setting. Then ``--together N`` runs of setting A (a grid of
+β and γ) trained side by side, one lockstep round of all of them (``normfl.engine.lockstep``, backend
+stacked) against the dense floor of their N x 320 images (default 16 on CUDA, 0 on a CPU, where it takes
+minutes). Last, sweep-level parallelism: runs per hour of a 2 x 2 grid, one job at a time with all threads
+against joblib jobs with one thread each. Prints one table (seconds and ratio to the floor) and writes
+outputs/bench/bench.csv.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import os
 import statistics
 import subprocess
@@ -47,6 +55,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from normfl.engine import Clients  # noqa: E402
+from normfl.engine.lockstep import Lockstep  # noqa: E402
 from normfl.run import build  # noqa: E402
 
 SETTINGS = {
@@ -114,6 +123,75 @@ class Floor:
                     loss.backward()
                     if self.opt:
                         self.opt.step()
+
+
+class DenseFloor:
+    """Each logged step's samples, every client's batch together, in ONE forward + backward (+ SGD step) of
+    one plain model: the round without per-client gradients. On CUDA the model and inputs are channels_last
+    and each step shape is replayed from a CUDA graph captured by ``prepare`` (untimed)."""
+
+    def __init__(self, cfg, ds, device, bf16: bool = False):
+        self.model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
+        self.model.to(device).train()
+        self.cuda = device.type == "cuda"
+        if self.cuda and ds.x_train.dim() == 4:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.opt = sgd(cfg, self.model.parameters()) if local_steps(cfg) else None
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+        self.graphs: dict = {}
+
+    @staticmethod
+    def steps(log):
+        """One (inputs, labels) batch per logged call: every client's pieces of that step, concatenated."""
+        for _, _, batches in log:
+            width = max(len(b) for b in batches)
+            for j in range(width):
+                pieces = [b[j] for b in batches if j < len(b) and len(b[j][1])]
+                if pieces:
+                    yield torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
+
+    def _step(self, xb, yb):
+        if self.opt:
+            self.opt.zero_grad(set_to_none=True)
+        else:
+            self.model.zero_grad(set_to_none=True)
+        with self.autocast:
+            loss = F.cross_entropy(self.model(xb).float(), yb)
+        loss.backward()
+        if self.opt:
+            self.opt.step()
+
+    def prepare(self, log):
+        """On CUDA: capture a graph for every step shape of the log not yet seen (warm-up on a side stream)."""
+        if not self.cuda:
+            return
+        for xb, yb in self.steps(log):
+            key = (tuple(xb.shape), tuple(yb.shape))
+            if key in self.graphs:
+                continue
+            static_x = xb.clone().contiguous(memory_format=torch.channels_last) if xb.dim() == 4 else xb.clone()
+            static_y = yb.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    self._step(static_x, static_y)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._step(static_x, static_y)
+            self.graphs[key] = (graph, static_x, static_y)
+
+    def __call__(self, log):
+        for xb, yb in self.steps(log):
+            entry = self.graphs.get((tuple(xb.shape), tuple(yb.shape)))
+            if entry is None:
+                self._step(xb, yb)
+            else:
+                graph, static_x, static_y = entry
+                static_x.copy_(xb)
+                static_y.copy_(yb)
+                graph.replay()
 
 
 class PILImages(Dataset):
@@ -199,9 +277,12 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
     clients = LoggedClients(setup.clients)
     floor, paper = Floor(cfg, setup.ds, setup.device), PaperStyle(cfg, setup)
     floor_bf16 = Floor(cfg, setup.ds, setup.device, bf16=True)
+    dense, dense_bf16 = (DenseFloor(cfg, setup.ds, setup.device, bf16=b) for b in (False, True))
     sync = torch.cuda.synchronize if setup.device.type == "cuda" else (lambda: None)
     dp = bool(cfg.algo.get("sample_rate"))
-    backends = ["layer norms", "vmap"] if dp else [*clients.engine.backends(), "sequential+bf16"]
+    stacked = ["stacked"] if clients.engine.stacked else []
+    backends = (["layer norms", "vmap", *stacked] if dp else
+                [*clients.engine.backends(), "sequential+bf16", *(f"{s}+bf16" for s in stacked)])
     layers = clients.engine.norm_layers
     x, k, times = setup.x, 0, {}
 
@@ -215,22 +296,74 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
 
     for _ in range(reps + 1):
         for b in backends:
-            if dp:                                           # per-sample clipping: from layer norms, or vmap
-                clients.engine.norm_layers = layers if b == "layer norms" else None
-            else:                                            # precision=bf16 runs on the sequential backend
+            if dp:                                           # per-sample clipping: layer norms, vmap, stacked
+                clients.engine.norm_layers = None if b == "vmap" else layers
+                clients.engine.backend = "stacked" if b == "stacked" else "sequential"
+            else:                                            # precision=bf16: the sequential or stacked backend
                 clients.engine.backend = b.removesuffix("+bf16")
                 setup.flat.precision = "bf16" if b.endswith("+bf16") else "fp32"
             clients.log = []
             x, _ = timed(f"normfl/{b}", setup.algo.round, k, x, clients)
             k += 1
         timed("floor", floor, clients.log)
+        for d in (dense, *(() if dp else (dense_bf16,))):
+            d.prepare(clients.log)
+        timed("dense floor", dense, clients.log)
         if not dp:                                           # DP-SGD's clipping is never autocast
             timed("floor+bf16", floor_bf16, clients.log)
+            timed("dense floor+bf16", dense_bf16, clients.log)
         timed("paper-style", paper, clients.log)
+        setup.flat.precision = cfg.precision                 # evaluation in the run's own precision
         timed("eval", setup.flat.evaluate, x, setup.x_test, setup.ds.y_test, setup.prep)
     med = {label: statistics.median(v[1:]) for label, v in times.items()}   # the first round warms up
     return [{"setting": name, "what": title, "variant": label, "seconds": s, "vs_floor": s / med["floor"],
-             "threads": torch.get_num_threads(), "device": str(setup.device)} for label, s in med.items()]
+             "vs_dense": s / med["dense floor"], "threads": torch.get_num_threads(), "device": str(setup.device)}
+            for label, s in med.items()]
+
+
+def together(overrides: list[str], reps: int, runs: int) -> list[dict]:
+    """``runs`` runs of setting A (a grid of β and γ) trained side by side: one lockstep round of all of
+    them against the dense floor of their runs x 320 images in one batch; fp32, and bf16 on CUDA."""
+    grid = [(b, g) for b in (0.01, 0.1, 1.0, 10.0) for g in (0.01, 0.1, 1.0, 10.0)]
+    grid = (grid * (runs // len(grid) + 1))[:runs]
+    rows = []
+    for precision in ("fp32", "bf16") if torch.cuda.is_available() else ("fp32",):
+        cache, setups = {}, []
+        for beta, gamma in grid:
+            with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+                cfg = compose("config", overrides=[*SETTINGS["A"][1], f"algo.beta={beta}", f"algo.gamma={gamma}",
+                                                   "backend=stacked", f"precision={precision}", "progress=false",
+                                                   *overrides])
+            setups.append(build(cfg, cache))
+        device = setups[0].device
+        dense = DenseFloor(cfg, setups[0].ds, device, bf16=precision == "bf16")
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        xs, lockstep, times = [s.x for s in setups], Lockstep(), {"normfl": [], "dense floor": []}
+        try:
+            for k in range(reps + 1):
+                log = [("grad", [], [b for s in setups for b in s.clients.peek()])]   # this round's batches
+                sync()
+                t = time.perf_counter()
+                out = lockstep.round([(functools.partial(s.algo.round, k, x), s.clients)
+                                      for s, x in zip(setups, xs, strict=True)])
+                sync()
+                times["normfl"].append(time.perf_counter() - t)
+                xs = [o[0] for o in out]
+                dense.prepare(log)
+                sync()
+                t = time.perf_counter()
+                dense(log)
+                sync()
+                times["dense floor"].append(time.perf_counter() - t)
+        finally:
+            lockstep.close()
+        med = {label: statistics.median(v[1:]) for label, v in times.items()}
+        for label, s in med.items():
+            rows.append({"setting": f"A x {runs}", "what": f"{runs} runs of setting A side by side ({precision})",
+                         "variant": f"{label} ({precision})", "seconds": s, "per_run": s / runs,
+                         "vs_dense": s / med["dense floor"], "threads": torch.get_num_threads(),
+                         "device": str(device)})
+    return rows
 
 
 def sweep_throughput(overrides: list[str], rounds: int) -> list[dict]:
@@ -259,6 +392,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--sweep-rounds", type=int, default=30, help="rounds per run of the sweep comparison (0: skip)")
+    ap.add_argument("--together", type=int, default=16 if torch.cuda.is_available() else 0,
+                    help="runs of setting A trained side by side (0: skip; default 16 on CUDA, 0 otherwise)")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench.csv")
     args, overrides = ap.parse_known_args()
     if args.threads:
@@ -267,6 +402,8 @@ def main():
     for name in args.settings:
         rows += bench(name, overrides, args.reps)
         print(f"  {name} done", file=sys.stderr)
+    if args.together:
+        rows += together(overrides, args.reps, args.together)
     if args.sweep_rounds:
         rows += sweep_throughput(overrides, args.sweep_rounds)
     df = pd.DataFrame(rows)

@@ -47,3 +47,15 @@ def test_client_sampling_is_shared_across_algorithms():
         assert torch.equal(cohort(50, 25, 3, k), cohort(50, 25, 3, k))
         assert torch.equal(bernoulli_weights(20, 0.25, 3, k), bernoulli_weights(20, 0.25, 3, k))
     assert not torch.equal(cohort(50, 25, 3, 0), cohort(50, 25, 4, 0))
+
+
+@pytest.mark.parametrize("overrides", [["algo=dp_fed_normec"], ["algo=dpfl", "model=cnn", "model.hidden=32"]])
+def test_deterministic_algorithms_flag(overrides, tmp_path, data_root):
+    """deterministic=true turns torch's deterministic algorithms on for the run (what makes a rerun on a GPU
+    repeat every bit): every op a run uses has such a form, and on a CPU the numbers stay as they are."""
+    m1, p1, _ = outputs(data_root, tmp_path / "a", *overrides, "backend=stacked", "deterministic=true")
+    assert torch.are_deterministic_algorithms_enabled()
+    m2, p2, _ = outputs(data_root, tmp_path / "b", *overrides, "backend=stacked")
+    assert not torch.are_deterministic_algorithms_enabled()
+    pd.testing.assert_frame_equal(m1, m2)
+    assert p1.tobytes() == p2.tobytes()

@@ -84,7 +84,8 @@ def test_run_missing_stacks_runs_that_share_model_and_data(tmp_path, data_root, 
     counts = store.run_missing(jobs, tmp_path, stack=4, log=logs.append)
     assert counts == {"completed": 2, "failed": 1} and "up to 4 run(s) per process" in logs[0]
     for k in ("k0", "k1"):
-        assert (tmp_path / k / ".hydra" / "config.yaml").is_file() and len(pd.read_csv(tmp_path / k / "metrics.csv")) == 3
+        assert (tmp_path / k / ".hydra" / "config.yaml").is_file()
+        assert len(pd.read_csv(tmp_path / k / "metrics.csv")) == 3
     assert "algo.gamma" in json.loads((tmp_path / "k2" / "summary.json").read_text())["error"]
 
 

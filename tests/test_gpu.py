@@ -1,0 +1,73 @@
+"""The GPU subset (``pytest -m gpu``): the stacked backend and runs side by side on CUDA. Skipped where CUDA
+is absent; on a GPU machine run ``source .gpu/on-device.sh && python3 -m pytest -m gpu``."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from normfl import models
+from normfl.engine import ClientEngine, FlatModel
+from tests.test_stacked import config
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+CUDA = torch.device("cuda")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
+
+
+def batches(n, b, in_shape, sizes=None):
+    g = torch.Generator().manual_seed(0)
+    sizes = sizes or [b] * n
+    return [[(torch.randn(s, *in_shape, generator=g).to(CUDA), torch.randint(0, 10, (s,), generator=g).to(CUDA), 1.0)]
+            for s in sizes]
+
+
+@pytest.mark.parametrize("builder, kw, in_shape", [(models.resnet20, {}, (3, 32, 32)),
+                                                   (models.resnet20, {"norm": "group"}, (3, 32, 32)),
+                                                   (models.cnn, {}, (1, 28, 28)), (models.mlp, {}, (1, 28, 28))])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_stacked_matches_sequential_on_cuda(builder, kw, in_shape, precision):
+    """On CUDA both backends run cuDNN/cuBLAS kernels that round differently (TF32 convolutions in fp32),
+    so they agree to a relative 1e-2 in fp32 and 5e-2 in bf16, not to the last bit."""
+    data = batches(10, 32, in_shape)
+    flats = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        flats.append(FlatModel(builder(in_shape, 10, **kw), CUDA, precision))
+    x = flats[0].vector()
+    G1, l1 = ClientEngine(flats[0], "sequential").grads(x, data)
+    G2, l2 = ClientEngine(flats[1], "stacked").grads(x, data)
+    tol = 1e-2 if precision == "fp32" else 5e-2
+    assert rel(G2, G1) < tol and rel(l2, l1) < tol
+    for a, b in zip(flats[0].module.buffers(), flats[1].module.buffers(), strict=True):
+        if a.is_floating_point():
+            assert rel(b, a) < tol
+
+
+def test_stacked_clipped_sums_on_cuda():
+    torch.manual_seed(0)
+    flat = FlatModel(models.cnn((1, 28, 28), 10), CUDA)
+    pieces = [b[0] for b in batches(4, 0, (1, 28, 28), sizes=[30, 0, 17, 25])]
+    X = flat.vector().expand(4, -1)
+    s1, l1 = ClientEngine(flat, "sequential").clipped_sums(X, pieces, 0.1)
+    s2, l2 = ClientEngine(flat, "stacked").clipped_sums(X, pieces, 0.1)
+    assert rel(s2, s1) < 1e-2 and rel(l2, l1) < 1e-2 and not s2[1].any()
+
+
+def test_deterministic_run_on_cuda_is_bit_identical(tmp_path, data_root):
+    """deterministic=true: torch's deterministic algorithms, so a rerun on the same GPU repeats every bit."""
+    from normfl.run import run
+
+    outs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        run(config(data_root, "algo=normec", "model=resnet20", "dataset=cifar10", "dataset.train_limit=320",
+                   "dataset.test_limit=100", "clients=2", "batch_size=16", "device=cuda", "backend=stacked",
+                   "deterministic=true"), tmp_path / name)
+        outs.append((pd.read_csv(tmp_path / name / "metrics.csv").drop(columns="wall_time"),
+                     np.load(tmp_path / name / "params.npy")))
+    pd.testing.assert_frame_equal(outs[0][0], outs[1][0])
+    assert outs[0][1].tobytes() == outs[1][1].tobytes()
