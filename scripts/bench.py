@@ -111,33 +111,32 @@ class Floor:
         self.opt = sgd(cfg, self.model.parameters()) if local_steps(cfg) else None
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
+    def step(self, xb, yb):
+        self.model.zero_grad(set_to_none=True)
+        with self.autocast:
+            loss = F.cross_entropy(self.model(xb).float(), yb)
+        loss.backward()
+        if self.opt:
+            self.opt.step()
+
     def __call__(self, log):
         for _, _, batches in log:
             for pieces in batches:
                 for xb, yb, _ in pieces:
-                    if len(yb) == 0:
-                        continue
-                    self.model.zero_grad(set_to_none=True)
-                    with self.autocast:
-                        loss = F.cross_entropy(self.model(xb).float(), yb)
-                    loss.backward()
-                    if self.opt:
-                        self.opt.step()
+                    if len(yb):
+                        self.step(xb, yb)
 
 
-class DenseFloor:
+class DenseFloor(Floor):
     """Each logged step's samples, every client's batch together, in ONE forward + backward (+ SGD step) of
     one plain model: the round without per-client gradients. On CUDA the model and inputs are channels_last
     and each step shape is replayed from a CUDA graph captured by ``prepare`` (untimed)."""
 
     def __init__(self, cfg, ds, device, bf16: bool = False):
-        self.model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
-        self.model.to(device).train()
+        super().__init__(cfg, ds, device, bf16)
         self.cuda = device.type == "cuda"
         if self.cuda and ds.x_train.dim() == 4:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.opt = sgd(cfg, self.model.parameters()) if local_steps(cfg) else None
-        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
         self.graphs: dict = {}
 
     @staticmethod
@@ -149,17 +148,6 @@ class DenseFloor:
                 pieces = [b[j] for b in batches if j < len(b) and len(b[j][1])]
                 if pieces:
                     yield torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
-
-    def _step(self, xb, yb):
-        if self.opt:
-            self.opt.zero_grad(set_to_none=True)
-        else:
-            self.model.zero_grad(set_to_none=True)
-        with self.autocast:
-            loss = F.cross_entropy(self.model(xb).float(), yb)
-        loss.backward()
-        if self.opt:
-            self.opt.step()
 
     def prepare(self, log):
         """On CUDA: capture a graph for every step shape of the log not yet seen (warm-up on a side stream)."""
@@ -175,18 +163,18 @@ class DenseFloor:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(3):
-                    self._step(static_x, static_y)
+                    self.step(static_x, static_y)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self._step(static_x, static_y)
+                self.step(static_x, static_y)
             self.graphs[key] = (graph, static_x, static_y)
 
     def __call__(self, log):
         for xb, yb in self.steps(log):
             entry = self.graphs.get((tuple(xb.shape), tuple(yb.shape)))
             if entry is None:
-                self._step(xb, yb)
+                self.step(xb, yb)
             else:
                 graph, static_x, static_y = entry
                 static_x.copy_(xb)

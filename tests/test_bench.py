@@ -18,8 +18,17 @@ SPEC.loader.exec_module(bench)
 def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
     rows = bench.bench(setting, [f"data_root={data_root}", *overrides], reps=1)
     got = {r["variant"]: r for r in rows}
-    backends = (["normfl/layer norms", "normfl/vmap"] if setting == "D" else
+    backends = (["normfl/layer norms", "normfl/vmap", "normfl/stacked"] if setting == "D" else
                 ["normfl/sequential", "normfl/vmap", "normfl/analytic", "normfl/stacked", "normfl/sequential+bf16",
-                 "floor+bf16"])
-    assert sorted(got) == sorted([*backends, "floor", "paper-style", "eval"])
-    assert got["floor"]["vs_floor"] == 1.0 and all(r["seconds"] > 0 for r in rows)
+                 "normfl/stacked+bf16", "floor+bf16", "dense floor+bf16"])
+    assert sorted(got) == sorted([*backends, "floor", "dense floor", "paper-style", "eval"])
+    assert got["floor"]["vs_floor"] == 1.0 and got["dense floor"]["vs_dense"] == 1.0
+    assert all(r["seconds"] > 0 for r in rows)
+
+
+def test_bench_times_runs_side_by_side(data_root):
+    rows = bench.together([f"data_root={data_root}", "dataset.train_limit=200", "dataset.test_limit=50", "clients=2",
+                           "batch_size=4"], reps=1, runs=3)
+    got = {r["variant"]: r for r in rows}
+    assert sorted(got) == ["dense floor (fp32)", "normfl (fp32)"]
+    assert got["dense floor (fp32)"]["vs_dense"] == 1.0 and got["normfl (fp32)"]["per_run"] > 0
