@@ -1,0 +1,153 @@
+"""A run's parts built from its config: data and partition, model, algorithm, clients and the backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from normfl.config import ConfigError, validate_data
+from normfl.data import ClientData, Preprocess
+from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
+from normfl.privacy import Privacy
+
+
+def _kind(node: DictConfig) -> str:
+    """The short name of a config group's target, e.g. 'iid' for normfl.data.partition.iid."""
+    return node._target_.rsplit(".", 1)[1]
+
+
+def build_data(cfg: DictConfig):
+    """The dataset (with its label) and the client partition, as the config says."""
+    extra = ("augment", "train_limit", "test_limit")
+    ds_cfg = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k not in extra}
+    try:
+        ds = instantiate(ds_cfg)
+    except InstantiationException as err:  # e.g. a split the data cannot give
+        if isinstance(err.__cause__, FileNotFoundError):
+            raise err.__cause__ from None
+        raise ConfigError("dataset", _kind(cfg.dataset), str(err.__cause__ or err)) from err
+    if cfg.dataset.train_limit or cfg.dataset.test_limit:
+        ds = ds.head(cfg.dataset.train_limit, cfg.dataset.test_limit)
+    if cfg.clients > len(ds.y_train) and _kind(cfg.partition) != "sampled_shards":
+        raise ConfigError("clients", cfg.clients,
+                          f"at most the {len(ds.y_train)} training samples (or partition=sampled_shards)")
+    split = instantiate(cfg.partition)
+    try:
+        if _kind(cfg.partition) == "natural":
+            parts = split(ds.client_ids.numpy(), num_clients=cfg.clients)
+        else:
+            parts = split(ds.y_train.numpy(), num_clients=cfg.clients, seed=cfg.seed)
+    except ValueError as err:  # the partition cannot be made from this data
+        raise ConfigError("partition", _kind(cfg.partition), str(err)) from err
+    return ds, parts
+
+
+@dataclass
+class Setup:
+    """What a run is made of, before its first round."""
+
+    device: torch.device
+    ds: object                 # the dataset (normfl.data.ArrayDataset)
+    parts: list                # each client's training indices
+    flat: FlatModel
+    x: torch.Tensor            # x^0
+    algo: object               # the algorithm, set up for cfg.rounds
+    prep: Preprocess           # turns a batch cut from x_test or clients.data.x into model input
+    x_test: torch.Tensor       # ds.x_test, or normalized once when there is no augmentation (as clients.data.x)
+    clients: Clients           # the engine and the clients' data (clients.data)
+
+
+# What runs must share to train side by side in one process (``train_together``): their data, their
+# model and the way the pass runs. Everything else (the algorithm and its settings, privacy, rounds,
+# participation, evaluation) may differ: each run keeps its own state and batch streams.
+SHARED = ("dataset", "partition", "model", "clients", "seed", "batch_size", "oracle", "precision", "backend",
+          "device", "threads", "deterministic", "data_root", "offline_data")
+
+
+def shared_key(cfg: DictConfig, keys=SHARED) -> str:
+    """Runs with the same key share ``keys`` of their configs."""
+    return json.dumps({k: OmegaConf.to_container(cfg, resolve=True).get(k) for k in keys}, sort_keys=True, default=str)
+
+
+def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
+    """Data, partition, model, algorithm and clients from a validated config, with the backend chosen.
+    Runs built with one ``cache`` load and prepare the same data once."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    deterministic = bool(cfg.get("deterministic", False))
+    if deterministic:                        # cuBLAS needs a fixed workspace for repeatable sums
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic)
+    device = pick_device(cfg.device.name)
+    try:                                     # before the data: a setting the algorithm lacks is bad input
+        algo = instantiate(cfg.algo)
+    except InstantiationException as err:
+        raise ConfigError("algo", cfg.algo.name, str(err.__cause__ or err)) from err
+    cache = {} if cache is None else cache
+    key = shared_key(cfg, ("dataset", "partition", "clients", "seed", "device", "data_root", "offline_data"))
+    if key not in cache:
+        cache[key] = _prepared_data(cfg, device)
+    ds, parts, prep, x_train, x_test = cache[key]
+    validate_data(cfg, parts)
+
+    torch.manual_seed(cfg.seed)
+    try:
+        model = instantiate(cfg.model, in_shape=tuple(ds.x_train.shape[1:]), num_classes=ds.num_classes)
+    except InstantiationException as err:    # e.g. a convolutional model on flat features
+        raise ConfigError("model", _kind(cfg.model), f"a model for inputs of shape {tuple(ds.x_train.shape[1:])} "
+                          f"({err.__cause__ or err})") from err
+    flat = FlatModel(model, device, cfg.precision)
+    x = flat.vector()
+    algo.setup(x, cfg.clients, cfg.rounds, build_privacy(cfg), cfg.seed)
+
+    data = ClientData(x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
+                      augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
+    try:
+        engine = ClientEngine(flat, cfg.backend, in_shape=tuple(ds.x_train.shape[1:]))
+    except ValueError as err:                # a backend this model's layers do not allow
+        raise ConfigError("backend", cfg.backend, f"one of {', '.join(engine_options(flat, ds))} with "
+                          f"model={_kind(cfg.model)} ({err})") from err
+    clients = Clients(engine, data)
+    if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
+        engine.backend = choose_backend(engine, x, clients.peek(range(min(len(data), 64))),
+                                        _backend_key(cfg, flat.dim, device))
+    elif cfg.backend == "vmap" and not data.uniform():
+        raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
+    elif cfg.backend == "stacked" and engine.stacked.has_batchnorm and not data.uniform():
+        raise ConfigError("backend", "stacked", "sequential or auto: clients' batches differ in size, and a "
+                          "model with BatchNorm needs equal batches to run them side by side")
+    return Setup(device, ds, parts, flat, x, algo, prep, x_test, clients)
+
+
+def _prepared_data(cfg: DictConfig, device: torch.device):
+    """(dataset, partition, preprocessing, training inputs, test inputs): without augmentation the inputs
+    are normalized once, on the run's device, so that a batch is a gather."""
+    ds, parts = build_data(cfg)
+    prep = Preprocess(ds.mean, ds.std, device)
+    x_train, x_test = ds.x_train, ds.x_test
+    if not cfg.dataset.augment:
+        x_train, x_test, prep = prep(x_train), prep(x_test), Preprocess((), (), device)
+    return ds, parts, prep, x_train, x_test
+
+
+def build_privacy(cfg: DictConfig) -> Privacy:
+    return Privacy(accountant=cfg.accountant.name, **OmegaConf.to_container(cfg.privacy, resolve=True))
+
+
+def engine_options(flat: FlatModel, ds) -> tuple[str, ...]:
+    """The backends a model allows, for the error that refuses another."""
+    return ("auto", *ClientEngine(flat, in_shape=tuple(ds.x_train.shape[1:])).backends())
+
+
+def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
+    """What the faster backend depends on: model, size, hardware, clients, batch, precision, torch, threads."""
+    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return "|".join(map(str, (_kind(cfg.model), dim, device, hw, cfg.clients, cfg.batch_size,
+                              cfg.oracle, cfg.precision, torch.__version__, torch.get_num_threads())))

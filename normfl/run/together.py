@@ -1,0 +1,68 @@
+"""Runs side by side: the runs of a sweep that share data, model and seed trained in one process, their
+clients' gradients from one stacked pass a round (``normfl.engine.lockstep``)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from normfl.engine.lockstep import Lockstep
+from normfl.run.setup import shared_key
+from normfl.run.training import INPUT_ERRORS, Training, discard, record_failure, start
+
+log = logging.getLogger("normfl")
+
+
+def train_together(jobs: list[tuple[DictConfig, Path]], max_runs: int = 32, log_name: str = "train.log") -> list:
+    """Train the jobs (config, run directory) of a sweep, those that share ``SHARED`` side by side in one
+    process, at most ``max_runs`` at a time (``normfl.engine.lockstep``); returns each job's summary, or
+    None for a job refused (its directory removed, as ``main`` does) or failed (recorded as failed).
+    One run that fails or diverges ends alone; the others go on."""
+    results: list = [None] * len(jobs)
+    groups: dict[str, list[int]] = {}
+    for i, (cfg, _) in enumerate(jobs):
+        groups.setdefault(shared_key(cfg), []).append(i)
+    for members in groups.values():
+        for first in range(0, len(members), max_runs):
+            chunk, cache, trainings = members[first:first + max_runs], {}, {}
+            for i in chunk:
+                cfg, out_dir = jobs[i]
+                try:
+                    t = start(cfg, out_dir, cache, progress=False)
+                except INPUT_ERRORS as err:
+                    discard(Path(out_dir), log_name)
+                    log.error("job %s skipped: %s", i, err)
+                    continue
+                except Exception as err:
+                    record_failure(Path(out_dir), i, err)
+                    continue
+                if isinstance(t, dict):
+                    results[i] = t
+                else:
+                    trainings[i] = t
+            _side_by_side(list(trainings.values()))
+            for i, t in trainings.items():
+                results[i] = t.finish() if t.status != "failed" else None
+    return results
+
+
+def _side_by_side(trainings: list[Training]) -> None:
+    """Their rounds in lockstep until each is over; a run whose round raises is recorded as failed."""
+    lockstep = Lockstep()
+    try:
+        while active := [t for t in trainings if t.active]:
+            results = lockstep.round([(functools.partial(t.algo.round, t.k, t.x), t.clients) for t in active])
+            for t, result in zip(active, results, strict=True):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, Exception):
+                        raise result                     # KeyboardInterrupt, SystemExit: stop everything
+                    t.status, t.active = "failed", False
+                    t.bar.close()
+                    record_failure(t.out_dir, t.out_dir.name, result)
+                else:
+                    t.record(*result)
+    finally:
+        lockstep.close()

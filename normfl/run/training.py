@@ -1,0 +1,193 @@
+"""One run from its first round, or its checkpoint, to its summary, and how a run's records are kept."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import normfl
+from normfl import checkpoint
+from normfl.config import ConfigError, config_key, validate
+from normfl.data import label_histogram
+from normfl.results import FINISHED, Recorder, write_atomic
+from normfl.run.setup import Setup, build
+
+log = logging.getLogger("normfl")
+INPUT_ERRORS = (ConfigError, FileNotFoundError)
+
+
+class Training:
+    """One run from its first round (or its checkpoint) to its summary: ``record`` takes the outcome of
+    round ``k`` from ``x``; ``active`` says whether another round is due."""
+
+    def __init__(self, cfg: DictConfig, out_dir: Path, key: str, state: dict | None, t_start: float,
+                 setup: Setup, progress: bool):
+        self.cfg, self.out_dir, self.key, self.t_start, self.setup = cfg, Path(out_dir), key, t_start, setup
+        self.algo, self.clients, self.x, flat = setup.algo, setup.clients, setup.x, setup.flat
+        label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
+            self.out_dir / "partition.csv")
+        self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
+        self.bits = self.algo.bits_per_coord or 8 * self.x.element_size()
+        self.upload_bytes = flat.dim * self.bits / 8
+        if state:                                            # continue where the checkpoint left off
+            self.x, self.sent, self.rec.rows = state["x"].to(self.x.device), state["sent"], state["rows"]
+            self.algo.load_state_dict(state["algo"])
+            self.clients.data.load_state_dict(state["data"])
+            flat.set_buffers(state["buffers"])
+            self.clients.engine.backend = state["backend"]
+            log.info("resuming from round %d (%s)", self.rec.rows[-1]["round"], checkpoint.NAME)
+        else:
+            row0 = {"round": 0, "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "transmissions": 0,
+                    "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0, "wall_time": 0.0}
+            self.evaluate(row0, self.x, 0)
+            self.rec.add(row0)
+            self.sent = 0
+        self.k = self.rec.rows[-1]["round"]
+        self.status, self.t0 = "completed", time.perf_counter() - self.rec.rows[-1]["wall_time"]
+        self.active = self.k < cfg.rounds
+        self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
+                        dynamic_ncols=True)
+
+    def evaluate(self, row: dict, at: torch.Tensor, k: int) -> None:
+        s = self.setup
+        row["test_loss"], row["test_acc"] = s.flat.evaluate(at, s.x_test, s.ds.y_test, s.prep)
+        if self.cfg.eval_train:
+            row["full_train_loss"], _ = s.flat.evaluate(at, self.clients.data.x, s.ds.y_train, s.prep)
+        if self.algo.private:
+            row.update(self.algo.spent(k))
+
+    def record(self, x: torch.Tensor, info: dict) -> None:
+        """Round k's outcome: x^{k+1} and the algorithm's info; evaluates, records and checkpoints."""
+        cfg, k, self.x = self.cfg, self.k, x
+        self.sent += info["uploads"]
+        row = {"round": k + 1, "train_loss": info["loss"], "noise_std": self.algo.noise_std,
+               "bits_per_coord": self.bits, "transmissions": info["uploads"], "transmissions_total": self.sent,
+               "bytes_uploaded": info["uploads"] * self.upload_bytes, "bytes_total": self.sent * self.upload_bytes,
+               **{name: info[name] for name in ("tau", "steps_total") if name in info}}
+        loss = info["loss"]                                  # None: no client computed this round
+        diverged = (loss is not None and not math.isfinite(loss)) or not bool(torch.isfinite(x).all())
+        last = k + 1 == cfg.rounds or info.get("done", False)         # budget-limited algorithms stop early
+        if diverged:
+            row["test_loss"] = row["test_acc"] = math.nan
+        elif (k + 1) % cfg.eval_every == 0 or last:
+            self.evaluate(row, x, k + 1)
+            self.bar.set_postfix(loss=f"{loss:.3f}" if loss is not None else "-", acc=f"{row['test_acc']:.3f}")
+        row["wall_time"] = time.perf_counter() - self.t0
+        self.rec.add(row)
+        self.k, self.active = k + 1, not (diverged or last)
+        self.bar.update()
+        if diverged:
+            self.status = "diverged"
+            log.warning("%s round %d: non-finite loss or model; run recorded as diverged", self.out_dir.name, k + 1)
+            return
+        if row.get("test_acc") is not None:
+            self.rec.flush()
+        if self.active and cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
+            flat = self.setup.flat
+            checkpoint.save(self.out_dir, self.key, {
+                "x": x, "sent": self.sent, "rows": self.rec.rows, "algo": self.algo.state_dict(),
+                "data": self.clients.data.state_dict(), "buffers": flat.buffers(),
+                "backend": self.clients.engine.backend, "wall_time_s": time.perf_counter() - self.t_start})
+
+    def finish(self) -> dict:
+        """Write the final metrics, parameters and summary; the checkpoint goes."""
+        cfg, s, x = self.cfg, self.setup, self.x
+        self.bar.close()
+        self.rec.flush()
+        if cfg.save_params and self.status == "completed":
+            tmp = self.out_dir / ".params.npy.tmp"
+            with open(tmp, "wb") as fh:
+                np.save(fh, x.cpu().numpy())
+            tmp.replace(self.out_dir / "params.npy")
+        summary = self.rec.summary({
+            "status": self.status, "config_key": self.key, "profile": cfg.profile, "algo": cfg.algo.name,
+            "data": s.ds.label, "data_source": s.ds.source,
+            "split": s.ds.split, "train_size": len(s.ds.y_train), "test_size": len(s.ds.y_test),
+            "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": s.flat.dim,
+            "backend": self.clients.engine.backend, "precision": cfg.precision, "device": str(s.device),
+            "threads": torch.get_num_threads(),
+            "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "private": self.algo.private,
+            "privacy": self.algo.privacy_report(self.rec.rows[-1]["round"]) if self.algo.private else None,
+            "wall_time_s": time.perf_counter() - self.t_start,
+            "seconds_per_round": (time.perf_counter() - self.t0) / max(1, self.rec.rows[-1]["round"]),
+            "peak_rss_mb": peak_rss_mb(),
+            "versions": {"normfl": normfl.__version__, "torch": torch.__version__,
+                         "python": platform.python_version()},
+        })
+        checkpoint.remove(self.out_dir)                      # the summary now stands for the run
+        return summary
+
+
+def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: bool | None = None):
+    """A run's ``Training`` (fresh, or from its checkpoint), or the summary of its finished run.
+    Raises ConfigError on bad input.
+
+    With ``resume`` (the default), a run directory that already holds this config's finished run is
+    left as it is, and one holding its checkpoint continues from there."""
+    validate(cfg)
+    key = config_key(cfg)
+    if cfg.resume and (done := finished(out_dir, key)):
+        log.info("%s already holds this config's finished run (resume=false reruns it)", out_dir)
+        return done
+    if not cfg.resume:
+        checkpoint.remove(out_dir)
+    state = checkpoint.load(out_dir, key)
+    t_start = time.perf_counter() - (state["wall_time_s"] if state else 0.0)
+    setup = build(cfg, cache)
+    return Training(cfg, out_dir, key, state, t_start, setup, cfg.progress if progress is None else progress)
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Run one experiment into ``out_dir``; returns the summary (see ``start``)."""
+    t = start(cfg, out_dir)
+    if isinstance(t, dict):
+        return t
+    while t.active:
+        t.record(*t.algo.round(t.k, t.x, t.clients))
+    return t.finish()
+
+
+def finished(out_dir: Path, key: str) -> dict | None:
+    """The summary of this config's completed or diverged run in ``out_dir``, if it holds one."""
+    try:
+        summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("config_key") == key and summary.get("status") in FINISHED else None
+
+
+def peak_rss_mb() -> float | None:
+    """The process's peak resident memory so far, in MiB (None where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:                      # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss       # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def record_failure(out_dir: Path, job, err: BaseException) -> None:
+    log.error("job %s failed: %r", job, err, exc_info=err)
+    write_atomic(out_dir / "summary.json", json.dumps({"status": "failed", "error": repr(err)}) + "\n")
+
+
+def discard(out_dir: Path, log_name: str) -> None:
+    """Remove what Hydra wrote for a refused run (its .hydra folder and log), and the folder if that
+    leaves it empty; anything else already in a reused folder is kept."""
+    shutil.rmtree(out_dir / ".hydra", ignore_errors=True)
+    (out_dir / log_name).unlink(missing_ok=True)
+    try:
+        out_dir.rmdir()
+    except OSError:
+        pass
