@@ -2,13 +2,17 @@
 the runs made alone, for every algorithm, up to float rounding."""
 
 import json
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
+from normfl.engine.lockstep import Lockstep
 from normfl.engine.stacked import StackedPass
 from normfl.run import run, train_together
 from tests.test_determinism import ALGOS, BASE, EXTRA
@@ -110,3 +114,27 @@ def test_stacked_launcher_sweep(tmp_path, data_root):
     for d in dirs:
         assert (d / ".hydra" / "config.yaml").is_file() and len(pd.read_csv(d / "metrics.csv")) == 4
         assert json.loads((d / "summary.json").read_text())["backend"] == "stacked"
+
+
+class Echo:
+    """Clients of a backend that takes them one by one: requests are served alone."""
+
+    def __init__(self):
+        self.engine, self.data = SimpleNamespace(backend="sequential"), None
+
+
+def test_lockstep_closes_cleanly_when_the_coordinator_fails(monkeypatch):
+    """A pass that raises reaches every run waiting on it; if serving itself fails, the round raises and
+    close() still ends every thread (none is left waiting on an answer)."""
+    lockstep = Lockstep()
+    monkeypatch.setattr("normfl.engine.lockstep._alone", lambda request: RuntimeError("pass failed"))
+    rounds = [(lambda clients: clients.grads(torch.zeros(3), batches=[[None]]), Echo()) for _ in range(2)]
+    assert all(isinstance(r, RuntimeError) for r in lockstep.round(rounds))
+    monkeypatch.setattr(Lockstep, "_serve", lambda self, requests: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        lockstep.round(rounds)
+    threads = [s.thread for s in lockstep.slots]
+    closer = threading.Thread(target=lockstep.close, daemon=True)      # a hang fails here, not the suite
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive() and not any(t.is_alive() for t in threads)

@@ -24,6 +24,10 @@ from normfl.engine.batchnorm import client_copies, fold_running_stats
 from normfl.engine.clients import Clients
 
 
+class Closed(BaseException):
+    """Raised in a run's thread that waits for its clients when the lockstep closes."""
+
+
 @dataclass
 class _Slot:
     """One run's thread and what passes between it and the coordinator."""
@@ -95,10 +99,14 @@ class Lockstep:
         return slot.answer
 
     def close(self) -> None:
+        """End the threads; a run stopped mid-round (the coordinator raised) has its wait end in ``Closed``."""
         for slot in self.slots:
+            if not slot.done:
+                slot.answer = Closed("the lockstep was closed mid-round")
+                slot.go.release()
+                self.back.acquire()
             slot.task = None
             slot.go.release()
-        for slot in self.slots:
             slot.thread.join()
         self.slots = []
 
