@@ -96,8 +96,9 @@ def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root
 
 
 def test_killed_stacked_sweep_resumes_to_identical_outputs(tmp_path, data_root):
-    """Runs trained side by side keep a checkpoint each: a sweep killed part-way and run again ends with the
-    metrics and parameters of the sweep never interrupted."""
+    """hydra/launcher=stacked: the user's sweep command is unchanged and every job gets its run directory with
+    its config; runs trained side by side keep a checkpoint each, so a sweep killed part-way and run again
+    ends with the metrics and parameters of the sweep never interrupted."""
     def cmd(sweep_dir):
         return [sys.executable, str(REPO / "train.py"), "-m", f"data_root={data_root}", *BASE, "rounds=120",
                 "hydra/launcher=stacked", "backend=stacked", "algo=normec", "clients=4", "algo.beta=0.1,1.0",
@@ -114,7 +115,11 @@ def test_killed_stacked_sweep_resumes_to_identical_outputs(tmp_path, data_root):
     assert again.returncode == 0 and (again.stdout + again.stderr).count("resuming from round") == 2, again.stderr
     first = subprocess.run(cmd(whole), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
-    for job in sorted(d.name for d in whole.iterdir() if d.is_dir()):
+    jobs = sorted(d.name for d in whole.iterdir() if d.is_dir())
+    assert [j.split("_", 1)[0] for j in jobs] == ["0", "1"]
+    for job in jobs:
+        assert (killed / job / ".hydra" / "config.yaml").is_file()
+        assert json.loads((killed / job / "summary.json").read_text())["backend"] == "stacked"
         a, b = (pd.read_csv(d / job / "metrics.csv").drop(columns="wall_time") for d in (whole, killed))
         pd.testing.assert_frame_equal(a, b)
         assert np.array_equal(np.load(whole / job / "params.npy"), np.load(killed / job / "params.npy"))

@@ -16,7 +16,6 @@ from normfl.engine.lockstep import Lockstep
 from normfl.engine.stacked import StackedPass
 from normfl.run import run, train_together
 from tests.test_determinism import ALGOS, BASE, EXTRA
-from tests.test_end_to_end import train
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ["train_loss", "test_loss", "test_acc"]
@@ -100,20 +99,6 @@ def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkey
     again = train_together(jobs[:1])                          # finished: left as it is
     assert again[0]["status"] == "completed" and (tmp_path / "together" / "normec-a" / "summary.json").read_text() \
         == before
-
-
-def test_stacked_launcher_sweep(tmp_path, data_root):
-    """``hydra/launcher=stacked``: the user's sweep command is unchanged, every job gets its run directory
-    with its config, metrics and summary."""
-    train(data_root, "dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=3", "eval_every=3",
-          "dataset.train_limit=600", "dataset.test_limit=100", "progress=false", "backend=stacked",
-          "algo=normec", "algo.beta=0.1,1.0", "algo.gamma=0.1", "hydra/launcher=stacked",
-          f"hydra.sweep.dir={tmp_path}", multirun=True)
-    dirs = sorted(d for d in tmp_path.iterdir() if d.is_dir())
-    assert [d.name.split("_", 1)[0] for d in dirs] == ["0", "1"]
-    for d in dirs:
-        assert (d / ".hydra" / "config.yaml").is_file() and len(pd.read_csv(d / "metrics.csv")) == 4
-        assert json.loads((d / "summary.json").read_text())["backend"] == "stacked"
 
 
 class Echo:
