@@ -20,9 +20,10 @@ from normfl.data.clients import ORACLES
 from normfl.data.sources import SPLITS
 from normfl.engine import BACKENDS, PRECISIONS
 from normfl.errors import ConfigError
-from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, LOG_BASES, NOISE_ON, RELATIONS
+from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE_ON, RELATIONS
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
+READINGS = ("text", "pass")                 # what one round is (NORMEC spec A2); see conf/config.yaml
 GRID_PROFILES = ("paper", "quick")          # the settings a figure's grid runs with (make <id> profile=...)
 PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's grid, or by hand
 
@@ -69,6 +70,13 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "backend", BACKENDS, optional=False)
     _choice(cfg, "precision", PRECISIONS, optional=False)
     _choice(cfg, "deterministic", (True, False))
+    _choice(cfg, "reading", READINGS)
+    if _get(cfg, "reading") == "pass":
+        if cfg.oracle != "minibatch":
+            raise ConfigError("reading", "pass", "text with oracle=full (a full-gradient round is a pass already)")
+        if _get(cfg, "algo._target_") in ("normfl.algorithms.NormFedAvg", "normfl.algorithms.DPFL"):
+            raise ConfigError("reading", "pass", f"text with algo={cfg.algo.name} (its paper defines its round: "
+                              "local steps, or DP-SGD steps charged to a privacy budget)")
     if cfg.precision == "bf16" and cfg.device.name == "mps":
         raise ConfigError("precision", "bf16", "fp32 on mps (bf16 autocast needs a CPU or CUDA device)")
     if cfg.precision == "bf16" and cfg.backend in ("vmap", "analytic"):
@@ -95,6 +103,7 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "privacy.noise_multiplier_override", lambda v: v >= 0, "null or a number >= 0", optional=True)
     _choice(cfg, "privacy.log_base", LOG_BASES + (10,))
     _choice(cfg, "privacy.noise_on", NOISE_ON)
+    _choice(cfg, "privacy.K", K_COUNTS)
     _choice(cfg, "privacy.calibration", CALIBRATIONS, optional=False)
     _choice(cfg, "privacy.neighbouring", RELATIONS, optional=False)
     _choice(cfg, "privacy.amplification", (True, False), optional=False)
@@ -216,14 +225,18 @@ def validate_data(cfg: DictConfig, parts) -> None:
 NOT_IN_KEY = ("hydra", "grid", "paper", "quick", "threads", "progress", "backend", "device", "logger",
               "data_root", "offline_data", "save_params", "checkpoint_every", "resume", "deterministic")
 
-KEY_DEFAULTS = {"precision": "fp32"}
+KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds"}
 
 
 def config_key(cfg: DictConfig) -> str:
     """A stable hash of what a run computes: the resolved config without NOT_IN_KEY."""
     data = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
-    for k, default in KEY_DEFAULTS.items():  # keys added later: absent at their default, so older keys stand
-        if data.get(k) == default:
-            del data[k]
+    for key, default in KEY_DEFAULTS.items():  # keys added later: absent at their default, so older keys stand
+        *path, last = key.split(".")
+        node = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(last) == default:
+            del node[last]
     text = json.dumps(data, sort_keys=True, default=str)
     return f"{cfg.algo.name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"

@@ -12,9 +12,9 @@ import numbers
 import os
 from pathlib import Path
 
-COLUMNS = ("round", "train_loss", "full_train_loss", "test_loss", "test_acc", "eps_rdp", "eps_pld", "eps_composed",
-           "eps_paper", "noise_std", "bits_per_coord", "tau", "steps_total", "transmissions", "transmissions_total",
-           "bytes_uploaded", "bytes_total", "wall_time")
+COLUMNS = ("round", "steps", "train_loss", "full_train_loss", "test_loss", "test_acc", "eps_rdp", "eps_pld",
+           "eps_composed", "eps_paper", "noise_std", "bits_per_coord", "tau", "steps_total", "transmissions",
+           "transmissions_total", "bytes_uploaded", "bytes_total", "wall_time")
 
 FINISHED = ("completed", "diverged")         # statuses of a run that needs no rerun ("failed" may)
 

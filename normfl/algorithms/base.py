@@ -43,7 +43,8 @@ class Algorithm:
         self.noise = GaussianNoise(0.0, 0)
 
     def setup(self, x0: torch.Tensor, num_clients: int, rounds: int, privacy: Privacy, seed: int) -> None:
-        """Allocate state for ``num_clients`` clients and calibrate the noise for ``rounds`` rounds."""
+        """Allocate state for ``num_clients`` clients and calibrate the noise for ``rounds`` calls of ``round``
+        (communication steps: a run's rounds, or its passes times their steps under reading=pass)."""
         self.num_clients, self.seed = num_clients, seed
         std = privacy.upload_std(self.upload_bound, self.beta, rounds, self.p) if self.private else 0.0
         self.noise = GaussianNoise(std, seed, who=self.noise_by)

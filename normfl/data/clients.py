@@ -56,6 +56,11 @@ class ClientData:
     def load_state_dict(self, state: dict) -> None:
         self.streams = state["streams"]
 
+    def steps_per_pass(self) -> int:
+        """The minibatch steps in which every client's stream goes once over its shard (the smallest shard's
+        full batches: the stream skips a tail shorter than a batch, then reshuffles)."""
+        return min(len(p) // b for p, b in zip(self.parts, self.batch, strict=True))
+
     def uniform(self) -> bool:
         """Whether every client's batches have the same shapes (what vmap needs)."""
         sizes = self.batch if self.oracle == "minibatch" else [len(p) for p in self.parts]

@@ -7,6 +7,9 @@ Two ways to set the noise (``privacy.calibration``):
 
       sigma_mult = c * p * sqrt(K * log(1/delta)) / epsilon      (c = 1, natural log, K = rounds).
 
+  Under ``reading=pass`` a round is a pass of many communication steps, each a noisy release;
+  ``K=rounds`` keeps the papers' count, ``K=releases`` counts every release.
+
   It comes from Abadi et al.'s asymptotic bound and is a heuristic, not a certificate: a tight
   accountant gives a larger epsilon for the same noise. The knobs reproduce the alternative
   readings of spec ambiguity A1.
@@ -26,11 +29,12 @@ from dataclasses import dataclass
 from normfl.privacy.accounting import ACCOUNTANTS, RELATIONS, Ledger, Mechanism, calibrate
 
 NOISE_ON = ("scaled_message", "raw_delta")
+K_COUNTS = ("rounds", "releases")
 LOG_BASES = ("e", "10")
 CALIBRATIONS = ("paper", "accountant")
 
 __all__ = ["Privacy", "Mechanism", "Ledger", "calibrate", "NOISE_ON", "LOG_BASES", "CALIBRATIONS",
-           "ACCOUNTANTS", "RELATIONS"]
+           "ACCOUNTANTS", "RELATIONS", "K_COUNTS"]
 
 
 @dataclass(frozen=True)
@@ -47,31 +51,35 @@ class Privacy:
     K_plus_one: bool = False
     noise_on: str = "scaled_message"
     noise_multiplier_override: float | None = None
+    K: str = "rounds"
+    releases_per_round: int = 1          # communication steps a round makes (reading=pass: a pass's steps)
 
     @property
     def uses_formula(self) -> bool:
         return self.calibration == "paper" or self.accountant == "paper"
 
-    def noise_multiplier(self, rounds: int, p: float = 1.0) -> float:
-        """sigma_mult: by the papers' formula, or solved by the accountant for this run."""
+    def noise_multiplier(self, releases: int, p: float = 1.0) -> float:
+        """sigma_mult for a run of ``releases`` noisy uploads per client: by the papers' formula, or solved by
+        the accountant, which always counts every release."""
         if self.noise_multiplier_override is not None:
             return float(self.noise_multiplier_override)
         if not self.uses_formula:
-            return calibrate(self.epsilon, self.delta, rounds, self.accountant, p, self.amplification,
+            return calibrate(self.epsilon, self.delta, releases, self.accountant, p, self.amplification,
                              self.neighbouring)
-        k = rounds + 1 if self.K_plus_one else rounds
+        k = releases if self.K == "releases" else releases // self.releases_per_round
+        k = k + 1 if self.K_plus_one else k
         log = math.log(1 / self.delta) if str(self.log_base) == "e" else math.log10(1 / self.delta)
         root = math.sqrt(k * log) if self.sqrt_covers_log else math.sqrt(k) * log
         return self.c * p * root / self.epsilon
 
-    def upload_std(self, bound: float, beta: float, rounds: int, p: float = 1.0) -> float:
+    def upload_std(self, bound: float, beta: float, releases: int, p: float = 1.0) -> float:
         """Per-coordinate noise std on a released vector whose norm is at most ``bound``.
 
         Default (A1, ``scaled_message``): std = bound * sigma_mult, i.e. noise proportional to the
         sensitivity. ``raw_delta`` (paper formula only) multiplies by beta once more: the spec's
         "alternative B", z on Delta_i with std beta * sigma_mult.
         """
-        std = bound * self.noise_multiplier(rounds, p)
+        std = bound * self.noise_multiplier(releases, p)
         return std * beta if self.noise_on == "raw_delta" and self.uses_formula else std
 
     def mechanism(self, noise_multiplier: float, p: float = 1.0) -> Mechanism:

@@ -62,6 +62,7 @@ class Setup:
     prep: Preprocess           # turns a batch cut from x_test or clients.data.x into model input
     x_test: torch.Tensor       # ds.x_test, or normalized once when there is no augmentation (as clients.data.x)
     clients: Clients           # the engine and the clients' data (clients.data)
+    steps_per_round: int       # communication steps a round makes: 1, or a pass's steps with reading=pass
 
 
 # What runs must share to train side by side in one process (``train_together``): their data, their
@@ -105,10 +106,10 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
                           f"({err.__cause__ or err})") from err
     flat = FlatModel(model, device, cfg.precision)
     x = flat.vector()
-    algo.setup(x, cfg.clients, cfg.rounds, build_privacy(cfg), cfg.seed)
-
     data = ClientData(x_train, ds.y_train, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle)
+    steps = data.steps_per_pass() if cfg.get("reading", "text") == "pass" else 1
+    algo.setup(x, cfg.clients, cfg.rounds * steps, build_privacy(cfg, steps), cfg.seed)
     try:
         engine = ClientEngine(flat, cfg.backend, in_shape=tuple(ds.x_train.shape[1:]))
     except ValueError as err:                # a backend this model's layers do not allow
@@ -123,7 +124,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     elif cfg.backend == "stacked" and engine.stacked.has_batchnorm and not data.uniform():
         raise ConfigError("backend", "stacked", "sequential or auto: clients' batches differ in size, and a "
                           "model with BatchNorm needs equal batches to run them side by side")
-    return Setup(device, ds, parts, flat, x, algo, prep, x_test, clients)
+    return Setup(device, ds, parts, flat, x, algo, prep, x_test, clients, steps)
 
 
 def _prepared_data(cfg: DictConfig, device: torch.device):
@@ -137,8 +138,9 @@ def _prepared_data(cfg: DictConfig, device: torch.device):
     return ds, parts, prep, x_train, x_test
 
 
-def build_privacy(cfg: DictConfig) -> Privacy:
-    return Privacy(accountant=cfg.accountant.name, **OmegaConf.to_container(cfg.privacy, resolve=True))
+def build_privacy(cfg: DictConfig, releases_per_round: int = 1) -> Privacy:
+    return Privacy(accountant=cfg.accountant.name, releases_per_round=releases_per_round,
+                   **OmegaConf.to_container(cfg.privacy, resolve=True))
 
 
 def engine_options(flat: FlatModel, ds) -> tuple[str, ...]:

@@ -54,7 +54,7 @@ def _side_by_side(trainings: list[Training]) -> None:
     lockstep = Lockstep()
     try:
         while active := [t for t in trainings if t.active]:
-            results = lockstep.round([(functools.partial(t.algo.round, t.k, t.x), t.clients) for t in active])
+            results = lockstep.round([(functools.partial(t.algo.round, t.step, t.x), t.clients) for t in active])
             for t, result in zip(active, results, strict=True):
                 if isinstance(result, BaseException):
                     if not isinstance(result, Exception):

@@ -28,8 +28,10 @@ INPUT_ERRORS = (ConfigError, FileNotFoundError)
 
 
 class Training:
-    """One run from its first round (or its checkpoint) to its summary: ``record`` takes the outcome of
-    round ``k`` from ``x``; ``active`` says whether another round is due."""
+    """One run from its first round (or its checkpoint) to its summary. ``record`` takes the outcome of
+    communication step ``step`` (the algorithm's ``round(step, x, clients)``); a row of ``metrics.csv`` is
+    written when round ``k`` ends: after every step, or under ``reading=pass`` after a pass's steps (its
+    train loss the mean over them, its transmissions their sum). ``active`` says whether a step is due."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path, key: str, state: dict | None, t_start: float,
                  setup: Setup, progress: bool):
@@ -48,40 +50,50 @@ class Training:
             self.clients.engine.backend = state["backend"]
             log.info("resuming from round %d (%s)", self.rec.rows[-1]["round"], checkpoint.NAME)
         else:
-            row0 = {"round": 0, "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "transmissions": 0,
-                    "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0, "wall_time": 0.0}
+            row0 = {"round": 0, "steps": 0, "noise_std": self.algo.noise_std, "bits_per_coord": self.bits,
+                    "transmissions": 0, "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0,
+                    "wall_time": 0.0}
             self.evaluate(row0, self.x, 0)
             self.rec.add(row0)
             self.sent = 0
         self.k = self.rec.rows[-1]["round"]
+        self.step = self.rec.rows[-1].get("steps", self.k)          # checkpoints from before the column: k
+        self.losses, self.uploads = [], 0                            # of the round's steps so far
         self.status, self.t0 = "completed", time.perf_counter() - self.rec.rows[-1]["wall_time"]
         self.active = self.k < cfg.rounds
         self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
                         dynamic_ncols=True)
 
-    def evaluate(self, row: dict, at: torch.Tensor, k: int) -> None:
+    def evaluate(self, row: dict, at: torch.Tensor, releases: int) -> None:
         s = self.setup
         row["test_loss"], row["test_acc"] = s.flat.evaluate(at, s.x_test, s.ds.y_test, s.prep)
         if self.cfg.eval_train:
             row["full_train_loss"], _ = s.flat.evaluate(at, self.clients.data.x, s.ds.y_train, s.prep)
         if self.algo.private:
-            row.update(self.algo.spent(k))
+            row.update(self.algo.spent(releases))
 
     def record(self, x: torch.Tensor, info: dict) -> None:
-        """Round k's outcome: x^{k+1} and the algorithm's info; evaluates, records and checkpoints."""
-        cfg, k, self.x = self.cfg, self.k, x
+        """A step's outcome: x after it and the algorithm's info; at the end of a round evaluates, records
+        and checkpoints."""
+        cfg, k, self.x, self.step = self.cfg, self.k, x, self.step + 1
         self.sent += info["uploads"]
-        row = {"round": k + 1, "train_loss": info["loss"], "noise_std": self.algo.noise_std,
-               "bits_per_coord": self.bits, "transmissions": info["uploads"], "transmissions_total": self.sent,
-               "bytes_uploaded": info["uploads"] * self.upload_bytes, "bytes_total": self.sent * self.upload_bytes,
-               **{name: info[name] for name in ("tau", "steps_total") if name in info}}
-        loss = info["loss"]                                  # None: no client computed this round
-        diverged = (loss is not None and not math.isfinite(loss)) or not bool(torch.isfinite(x).all())
+        self.uploads += info["uploads"]
+        if info["loss"] is not None:                         # None: no client computed this step
+            self.losses.append(info["loss"])
+        diverged = (info["loss"] is not None and not math.isfinite(info["loss"])) or not bool(torch.isfinite(x).all())
         last = k + 1 == cfg.rounds or info.get("done", False)         # budget-limited algorithms stop early
+        if not diverged and self.step % self.setup.steps_per_round and not info.get("done", False):
+            return                                           # the round (a pass) goes on
+        loss = sum(self.losses) / len(self.losses) if self.losses else None
+        row = {"round": k + 1, "steps": self.step, "train_loss": loss, "noise_std": self.algo.noise_std,
+               "bits_per_coord": self.bits, "transmissions": self.uploads, "transmissions_total": self.sent,
+               "bytes_uploaded": self.uploads * self.upload_bytes, "bytes_total": self.sent * self.upload_bytes,
+               **{name: info[name] for name in ("tau", "steps_total") if name in info}}
+        self.losses, self.uploads = [], 0
         if diverged:
             row["test_loss"] = row["test_acc"] = math.nan
         elif (k + 1) % cfg.eval_every == 0 or last:
-            self.evaluate(row, x, k + 1)
+            self.evaluate(row, x, self.step)
             self.bar.set_postfix(loss=f"{loss:.3f}" if loss is not None else "-", acc=f"{row['test_acc']:.3f}")
         row["wall_time"] = time.perf_counter() - self.t0
         self.rec.add(row)
@@ -118,7 +130,8 @@ class Training:
             "backend": self.clients.engine.backend, "precision": cfg.precision, "device": str(s.device),
             "threads": torch.get_num_threads(),
             "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "private": self.algo.private,
-            "privacy": self.algo.privacy_report(self.rec.rows[-1]["round"]) if self.algo.private else None,
+            "reading": cfg.get("reading", "text"), "steps": self.step, "steps_per_round": s.steps_per_round,
+            "privacy": self.algo.privacy_report(self.step) if self.algo.private else None,
             "wall_time_s": time.perf_counter() - self.t_start,
             "seconds_per_round": (time.perf_counter() - self.t0) / max(1, self.rec.rows[-1]["round"]),
             "peak_rss_mb": peak_rss_mb(),
@@ -154,7 +167,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if isinstance(t, dict):
         return t
     while t.active:
-        t.record(*t.algo.round(t.k, t.x, t.clients))
+        t.record(*t.algo.round(t.step, t.x, t.clients))
     return t.finish()
 
 
