@@ -26,8 +26,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)          ## create .venv and install normfl with its dev tools
 
+NOW     := $(shell date +%Y-%m-%d_%H-%M-%S)
+RUN_DIR ?= outputs/runs/make-run/$(NOW)
 run: $(STAMP)              ## the main job: NORMEC's default setup (make run ARGS="algo=dp_normec ...")
-	$(BIN)/python train.py $(ARGS)
+	$(BIN)/python train.py eval_every=10 hydra.run.dir=$(RUN_DIR) $(ARGS)
+	$(BIN)/python scripts/main_job.py $(RUN_DIR)
 
 test: $(STAMP)             ## the test suite (real data slices from ../shared/data)
 	$(BIN)/python -m pytest -q $(ARGS)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from normfl.errors import ConfigError
 from normfl.reproduce import figures, report, store, targets
@@ -159,3 +160,23 @@ def test_every_kind_draws_from_stored_runs(tmp_path, monkeypatch):
         assert len(table) and set(comp.columns) == {"what", "ours", "paper", "diff"}, kind
         if fig is not None:
             assert [p.suffix for p in figures._save(fig, tmp_path / "out" / kind, kind, "note")] == [".png", ".pdf"]
+
+
+def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, capsys):
+    """scripts/main_job.py, what `make run` prints: the main job's accuracy against NORMEC Table 2's cell
+    (α-NormEC with SN, β = γ = 0.1: 85.43%), and no comparison for a setting the paper does not print."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("main_job", REPO / "scripts" / "main_job.py")
+    main_job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(main_job)
+    for name, overrides in (("main", ()), ("other", ("algo.beta=0.5",))):
+        d = tmp_path / name
+        (d / ".hydra").mkdir(parents=True)
+        OmegaConf.save(store.compose(overrides), d / ".hydra" / "config.yaml")
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "final_test_acc": 0.5, "final_round": 300,
+                                                    "data": "CIFAR-10 (JPEG copy)"}))
+        main_job.main(d)
+    out = capsys.readouterr().out.split("\n\n")
+    assert "85.43%" in out[0] and "-35.43 points" in out[0] and "reading=pass" in out[0]
+    assert "No paper number" in out[1]
