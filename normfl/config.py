@@ -24,7 +24,7 @@ from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
 READINGS = ("text", "pass")                 # what one round is (NORMEC spec A2); see conf/config.yaml
-GRID_PROFILES = ("paper", "quick")          # the settings a figure's grid runs with (make <id> profile=...)
+GRID_PROFILES = ("paper", "text", "quick")  # the settings a figure's grid runs with (make <id> profile=...)
 PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's grid, or by hand
 
 
@@ -222,7 +222,7 @@ def validate_data(cfg: DictConfig, parts) -> None:
 
 # What does not change what a run computes: left out of its key (the run store's folder names, and
 # the check that a checkpoint or a finished run in a folder belongs to the config asking for it).
-NOT_IN_KEY = ("hydra", "grid", "paper", "quick", "threads", "progress", "backend", "device", "logger",
+NOT_IN_KEY = ("hydra", "grid", *GRID_PROFILES, "threads", "progress", "backend", "device", "logger",
               "data_root", "offline_data", "save_params", "checkpoint_every", "resume", "deterministic")
 
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds"}

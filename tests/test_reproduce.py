@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from normfl.config import validate
 from normfl.errors import ConfigError
 from normfl.reproduce import figures, report, store, targets
 
@@ -40,7 +41,7 @@ def test_store_key_ignores_how_a_run_runs_and_is_shared_between_figures():
 
     a, b = nosn("normec_t2"), nosn("normec_f3")
     assert a.key == b.key and a.key.startswith("normec-")     # one run feeds NORMEC-T2 and F3
-    assert a.cfg.algo.server_norm is False and a.cfg.eval_every == 10      # the run group's paper settings
+    assert a.cfg.algo.server_norm is False and a.cfg.eval_every == 1      # the run group's paper settings
     cfg = a.cfg.copy()
     cfg.threads, cfg.backend, cfg.progress = 1, "vmap", False
     assert store.config_key(cfg) == a.key
@@ -49,6 +50,23 @@ def test_store_key_ignores_how_a_run_runs_and_is_shared_between_figures():
     keys = [j.key for j in store.jobs("normec_t2", "paper")]
     assert len(set(keys)) == len(keys) == 32
     assert {j.cfg.profile for j in store.jobs("normec_t2", "quick")} == {"quick"}
+
+
+def test_paper_profile_reads_a_round_as_a_pass_and_text_keeps_the_literal_reading():
+    """NORMEC/FEDNORMEC: paper = 300 passes evaluated every pass; text = the stored literal-reading runs,
+    under keys of their own; IDs whose run groups define no text profile refuse it."""
+    for name in ("normec_t2", "fednormec_f1"):
+        paper, text = store.jobs(name, "paper"), store.jobs(name, "text")
+        assert len(paper) == len(text)
+        assert {(j.cfg.reading, j.cfg.eval_every, j.cfg.rounds) for j in paper} == {("pass", 1, 300)}
+        assert {(j.cfg.reading, j.cfg.eval_every, j.cfg.rounds) for j in text} == {("text", 10, 300)}
+        assert not {j.key for j in paper} & {j.key for j in text}
+        for job in paper[:2]:
+            validate(job.cfg)
+    assert {j.cfg.reading for j in store.jobs("normec_t2", "quick")} == {"text"}
+    assert store.has_profile("normec_t2", "text") and not store.has_profile("alidpfl_t2", "text")
+    with pytest.raises(ConfigError, match=r"profile='text'; allowed: paper \| quick for alidpfl_t2"):
+        store.jobs("alidpfl_t2", "text")
 
 
 def test_every_id_composes_under_both_profiles():
@@ -136,6 +154,15 @@ def test_report_status_follows_the_tolerance():
     assert report._status(df.assign(status=["completed", "missing"]), comp, 2.0) == "partial (1/2 runs)"
     assert report._status(df.assign(status="missing"), comp, 2.0) == "not run"
     assert report._status(df, figures._comparison([]), 2.0).startswith("drawn")
+
+
+def test_report_names_the_text_profile_where_it_exists(tmp_path):
+    t2 = "\n".join(report.section(targets.get("normec-t2"), tmp_path))
+    assert "- status: **not run**" in t2
+    assert "`make normec-t2 profile=text` (0/32 runs stored" in t2 and "`make normec-t2` (0/32" in t2
+    assert "profile=text" not in "\n".join(report.section(targets.get("alidpfl-t2"), tmp_path))
+    assert figures.x_axis(pd.DataFrame({"reading": ["pass", "pass"]})) == "pass over each client's shard"
+    assert figures.x_axis(pd.DataFrame({"reading": ["text"]})) == "communication round"
 
 
 def test_every_kind_draws_from_stored_runs(tmp_path, monkeypatch):

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from normfl.config import config_key
+from normfl.errors import ConfigError
 from normfl.reproduce import store
 
 DEFAULT_STORE = store.ROOT / "outputs" / "store"
@@ -49,10 +51,12 @@ def main(argv=None) -> None:
         return together(args.names, args.threads)
     if args.command == "list":
         for t in targets.TARGETS.values():
-            sizes = [len(store.grid_points(t.experiment, p)) for p in store.PROFILES]
-            print(f"{t.id:14s} {t.experiment}.yaml, grid points: paper {sizes[0]}, quick {sizes[1]}; {t.title}")
+            sizes = ", ".join(f"{p} {len(store.grid_points(t.experiment, p))}" for p in store.PROFILES
+                              if store.has_profile(t.experiment, p))
+            print(f"{t.id:14s} {t.experiment}.yaml, grid points: {sizes}; {t.title}")
         return None
-    chosen = [targets.get(n) for n in args.names] or list(targets.TARGETS.values())
+    chosen = [targets.get(n) for n in args.names] or [t for t in targets.TARGETS.values()
+                                                       if store.has_profile(t.experiment, args.profile)]
     if args.command == "run":
         for t in chosen:
             job_list = [j for j in store.jobs(t.experiment, args.profile)
@@ -115,4 +119,7 @@ def adopt(dirs: list[str], profile: str, store_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as err:
+        sys.exit(f"normfl: {err}")

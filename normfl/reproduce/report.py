@@ -13,10 +13,15 @@ Written by `make report` from the runs stored in `outputs/store` (not in git); t
 tables are in `docs/reproduction/<profile>/`, written by `make <id>` or `make figures`. Every number
 is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
 
-- **paper**: the papers' settings (spec `../shared/spec`); test accuracy is evaluated every 10 rounds
-  (NORMEC, FEDNORMEC) or 5 rounds (ALI-DPFL) and at the last round, instead of every round (the
-  spec's resolution), to save time; tables reading the final round are unaffected, "highest
-  accuracy" cells are maxima over the evaluated rounds.
+- **paper**: the papers' settings (spec `../shared/spec`). NORMEC and FEDNORMEC read a round as one
+  pass over each client's shard in minibatches (spec A2; 140 steps a pass with 10 clients, 70 with 20),
+  evaluated after every pass: a GPU job (about 42,000 steps a run). ALI-DPFL is evaluated every 5
+  rounds and at the last, instead of every round (the spec's resolution), to save time; tables
+  reading the final round are unaffected, "highest accuracy" cells are maxima over the evaluated
+  rounds.
+- **text** (NORMEC and FEDNORMEC only): the text's literal reading of a round, one minibatch step
+  per client, 300 steps, evaluated every 10 rounds. The runs made here before the paper profile
+  took the pass reading are this profile's.
 - **quick**: a scaled version for this CPU (fewer rounds, grid points and seeds; a test subset),
   defined in the experiment files' `quick:` blocks. Its numbers are not compared with the paper's.
 
@@ -24,7 +29,7 @@ Data: CIFAR-10 results come from the JPEG copy in `../shared/data` (labelled so 
 summary); Fashion-MNIST is exact. Status, from the paper profile's runs: **reproduced** (every
 compared number within the tolerance), **deviates** (cause given), **partial** (some runs of the grid
 not trained yet; the comparison covers the stored ones), **drawn** (the paper prints no number for
-it), **quick profile only**, **not run**. Wall times are the sum over a grid's stored runs.
+it), **text / quick profile only**, **not run**. Wall times are the sum over a grid's stored runs.
 """
 
 
@@ -46,33 +51,54 @@ def _runs(df) -> str:
     return f"{len(done)}/{len(df)} runs stored, {wall:.0f} min of training"
 
 
+def _versus(t: targets.Target, comp) -> str | None:
+    """The headline comparison and the largest difference, or None when nothing is compared."""
+    compared = comp.dropna(subset=["ours", "paper"])
+    if not len(compared):
+        return None
+    lead = compared[compared.what.str.contains(t.headline, regex=False)] if t.headline else compared
+    first = (lead if len(lead) else compared).iloc[0]
+    worst = compared.loc[compared["diff"].abs().idxmax()]
+    return (f"{first.what}: {fmt(first.ours)} vs {fmt(first.paper)}; largest |diff| over {len(compared)} "
+            f"numbers: {fmt(abs(worst['diff']))} ({worst.what})")
+
+
 def section(t: targets.Target, store_dir: Path) -> list[str]:
     paper_df, _, comp, _ = figures.compare(t, "paper", store_dir)
+    text = figures.compare(t, "text", store_dir) if store.has_profile(t.experiment, "text") else None
     quick_df = figures.runs(t, "quick", store_dir)
+    frames = {"paper": paper_df, **({"text": text[0]} if text else {}), "quick": quick_df}
     status = _status(paper_df, comp, t.tolerance)
-    if status == "not run" and quick_df.status.isin(store.FINISHED).any():
-        status = "quick profile only"
+    if status == "not run":
+        status = next((f"{p} profile only" for p, d in frames.items() if d.status.isin(store.FINISHED).any()),
+                      status)
     out = [f"## {t.id}: {t.title}", "", f"- status: **{status}**; tolerance ±{t.tolerance:g} pt ({t.why})"]
-    compared = comp.dropna(subset=["ours", "paper"])
-    if len(compared):
-        lead = compared[compared.what.str.contains(t.headline, regex=False)] if t.headline else compared
-        first = (lead if len(lead) else compared).iloc[0]
-        worst = compared.loc[compared["diff"].abs().idxmax()]
-        out.append(f"- ours vs paper: {first.what}: {fmt(first.ours)} vs {fmt(first.paper)}; largest |diff| "
-                   f"over {len(compared)} numbers: {fmt(abs(worst['diff']))} ({worst.what})")
-    diverged = {p: int((d.status == "diverged").sum()) for p, d in (("paper", paper_df), ("quick", quick_df))}
+    if versus := _versus(t, comp):
+        out.append(f"- ours vs paper: {versus}")
+    deviating = status == "deviates" or _beyond(status, comp, t.tolerance)
+    if text:
+        text_status = _status(text[0], text[2], t.tolerance)
+        deviating |= text_status == "deviates" or _beyond(text_status, text[2], t.tolerance)
+        versus = _versus(t, text[2])
+        if text_status != "not run":
+            out.append(f"- text profile (a round read literally, one minibatch step per client; spec A2): "
+                       f"**{text_status}**" + (f"; ours vs paper: {versus}" if versus else ""))
+    diverged = {p: int((d.status == "diverged").sum()) for p, d in frames.items()}
     if any(diverged.values()):
-        out.append(f"- diverged runs: {diverged['paper']} (paper profile), {diverged['quick']} (quick profile)")
-    beyond = status.startswith("partial") and (compared["diff"].abs() > t.tolerance).any()
-    if status == "deviates" or beyond or any(diverged.values()):
+        out.append("- diverged runs: " + ", ".join(f"{n} ({p} profile)" for p, n in diverged.items()))
+    if deviating or any(diverged.values()):
         out.append(f"- cause: {t.cause or 'not found yet'}")
-    out.append(f"- paper profile: `make {t.slug}` ({_runs(paper_df)})")
-    out.append(f"- quick profile: `make {t.slug} profile=quick` ({_runs(quick_df)})")
-    drawn = [f"`docs/reproduction/{p}/{t.slug}.*`" for p, d in (("paper", paper_df), ("quick", quick_df))
-             if d.status.isin(store.FINISHED).any()]
+    for p, d in frames.items():
+        out.append(f"- {p} profile: `make {t.slug}{'' if p == 'paper' else f' profile={p}'}` ({_runs(d)})")
+    drawn = [f"`docs/reproduction/{p}/{t.slug}.*`" for p, d in frames.items() if d.status.isin(store.FINISHED).any()]
     if drawn:
         out.append(f"- figure/table: {', '.join(drawn)}")
     return [*out, ""]
+
+
+def _beyond(status: str, comp, tol: float) -> bool:
+    """A partial grid whose stored runs already differ from the paper by more than the tolerance."""
+    return status.startswith("partial") and bool((comp.dropna(subset=["ours", "paper"])["diff"].abs() > tol).any())
 
 
 def write(store_dir: Path, path: Path | None = None) -> Path:

@@ -11,11 +11,13 @@ An experiment file ``conf/experiment/<name>.yaml`` may carry two inert nodes tha
     Its runs are the product of those lists and of the experiment file's own Hydra sweep
     (``hydra.sweeper.params``, what ``train.py -m experiment=<file>`` runs); a list in the block
     replaces the sweep's list for the same key.
-``paper`` / ``quick``
+``paper`` / ``text`` / ``quick``
     The profiles: ``set``, the overrides that scale a run (kept with the run group or its setup
     file, e.g. ``nfa_fmnist.yaml``, so every figure drawing on a run group runs it alike; an ID
     file may add its own), and, for ``quick``, ``grid``: lists that replace the lists of the
-    same key in every block (fewer grid points and seeds).
+    same key in every block (fewer grid points and seeds). ``text`` exists only where a run group
+    defines it: the NORMEC and FEDNORMEC IDs, whose paper profile reads a round as a pass and whose
+    text profile keeps the literal reading (``normec_setup.yaml``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,17 @@ def _settings(cfg: DictConfig, profile: str) -> dict:
     return OmegaConf.to_container(node, resolve=False) if node is not None else {}
 
 
+OPTIONAL_PROFILES = ("text",)          # profiles only some run groups define
+
+
+def has_profile(name: str, profile: str) -> bool:
+    """Whether an experiment's grid can run under ``profile`` (an optional one: its run groups define it)."""
+    if profile not in OPTIONAL_PROFILES:
+        return profile in PROFILES
+    groups = {point["experiment"] for point in grid_points(name, profile)}
+    return all(OmegaConf.select(compose((f"experiment={g}",)), profile) is not None for g in groups)
+
+
 @functools.cache
 def compose(overrides: tuple[str, ...]) -> DictConfig:
     """The root config with these overrides (composed once per process: figures share runs)."""
@@ -123,6 +136,10 @@ def jobs(name: str, profile: str) -> list[Job]:
 
     A run's profile settings are its run group's (``paper.set`` / ``quick.set`` in the experiment
     file it is composed from, or in that file's defaults), then the ID file's own."""
+    if not has_profile(name, profile):
+        have = [p for p in PROFILES if p not in OPTIONAL_PROFILES]
+        raise ConfigError("profile", profile, f"{' | '.join(have)} for {name} (its run groups define no "
+                          f"{profile} profile; text exists for the NORMEC and FEDNORMEC IDs)")
     own = _settings(load_experiment(name), profile)
     out = []
     for point in grid_points(name, profile):
