@@ -35,11 +35,29 @@ def load(out_dir: Path, key: str) -> dict | None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:                             # truncated or not a checkpoint
-        raise ConfigError("resume", str(path), f"a readable checkpoint ({err}); resume=false starts over") from err
+        raise ConfigError("resume", str(path), f"a readable checkpoint ({err}); remove it by hand to start over "
+                          "here, or choose another run directory") from err
     if state.get("config_key") != key:
         raise ConfigError("resume", str(path), f"a checkpoint of this config ({key}), not of "
-                          f"{state.get('config_key')}; resume=false starts over here, or choose another run directory")
+                          f"{state.get('config_key')}; choose another run directory")
     return state
+
+
+def peek(out_dir: Path) -> dict | None:
+    """The checkpoint in ``out_dir`` whoever's it is: None if there is none, {} if it is unreadable."""
+    path = Path(out_dir) / NAME
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:
+        return {}
+
+
+def owner(out_dir: Path) -> str | None:
+    """The config key of the checkpoint in ``out_dir`` (None if there is none)."""
+    state = peek(out_dir)
+    return None if state is None else state.get("config_key", f"an unreadable {NAME}")
 
 
 def remove(out_dir: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import numbers
 import os
 from pathlib import Path
@@ -17,6 +18,19 @@ COLUMNS = ("round", "steps", "train_loss", "full_train_loss", "test_loss", "test
            "transmissions_total", "bytes_uploaded", "bytes_total", "wall_time")
 
 FINISHED = ("completed", "diverged")         # statuses of a run that needs no rerun ("failed" may)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, numbers.Number) and math.isfinite(v)
+
+
+def strict(value):
+    """``value`` with every non-finite float (NaN, inf) replaced by None, for strict JSON."""
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -55,9 +69,11 @@ class Recorder:
         write_atomic(self.out_dir / "metrics.csv", buf.getvalue())
 
     def summary(self, info: dict) -> dict:
-        evals = [r for r in self.rows if r.get("test_acc") is not None]
+        """The run's summary, written as strict JSON: a value that is not a finite number (a diverged
+        round's loss) is null, and an evaluation that gave none is never the final or best one."""
+        evals = [r for r in self.rows if _finite(r.get("test_acc"))]
         best = max(evals, key=lambda r: r["test_acc"], default=None)
-        last = evals[-1] if evals else None
+        last = evals[-1] if evals and info.get("status") != "diverged" else None    # a diverged run has no final model
         losses = [r["train_loss"] for r in self.rows if r.get("train_loss") is not None]
         last5 = [r["test_acc"] for r in evals[-5:]]
         info = {
@@ -70,7 +86,8 @@ class Recorder:
             "best_round": best and best["round"],
             "final_train_loss": losses[-1] if losses else None,
         }
-        write_atomic(self.out_dir / "summary.json", json.dumps(info, indent=2, default=str) + "\n")
+        info = strict(info)
+        write_atomic(self.out_dir / "summary.json", json.dumps(info, indent=2, default=str, allow_nan=False) + "\n")
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in info.items() if isinstance(v, (int, float, str))})
             self.wandb.finish()

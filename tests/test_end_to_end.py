@@ -15,11 +15,11 @@ FMNIST = ["dataset=fashion_mnist", "model=logreg", "clients=4", "rounds=6", "eva
           "dataset.train_limit=2000", "dataset.test_limit=500", "progress=false"]
 
 
-def train(data_root, *overrides, multirun=False):
+def train(data_root, *overrides, multirun=False, code=0):
     cmd = [sys.executable, str(REPO / "train.py"), *(["-m"] if multirun else []), f"data_root={data_root}",
            *overrides]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == code, out.stderr[-3000:]
     return out
 
 
@@ -51,8 +51,11 @@ def test_cifar10_private_run_on_jpeg_copy(tmp_path, data_root):
 
 
 def test_divergence_is_recorded_and_sweep_carries_on(tmp_path, data_root):
-    train(data_root, *FMNIST, "algo=dpsgd_norm", "algo.gamma=1e38,0.1,-1", f"hydra.sweep.dir={tmp_path}",
-          "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", multirun=True)
+    out = train(data_root, *FMNIST, "algo=dpsgd_norm", "algo.gamma=1e38,0.1,-1", f"hydra.sweep.dir={tmp_path}",
+                "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", multirun=True, code=1)
+    # the jobs ran in joblib's worker processes; the sweep still counts them and names the refused one
+    assert "normfl sweep: 1 diverged, 1 completed, 1 refused" in out.stderr
+    assert "job 2 refused: invalid config: algo.gamma=-1; allowed: a number > 0" in out.stderr
     jobs = {d.name.split("_", 1)[0]: d for d in tmp_path.iterdir() if d.is_dir()}
     assert sorted(jobs) == ["0", "1"]                      # job 2 (gamma=-1) refused, no directory left
     status = [json.loads((jobs[j] / "summary.json").read_text())["status"] for j in ("0", "1")]
@@ -150,7 +153,7 @@ def test_sweep_through_submitit_launcher(tmp_path, data_root):
     assert (hc.cpus_per_task, hc.mem_gb, hc.timeout_min) == (4, 16, 360)
 
     train(data_root, *FMNIST, "rounds=2", "threads=1", "algo.gamma=0.1,-1", "hydra/launcher=submitit_local",
-          f"hydra.sweep.dir={tmp_path}", multirun=True)
+          f"hydra.sweep.dir={tmp_path}", multirun=True, code=1)
     jobs = sorted(d.name.split("_", 1)[0] for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit())
     assert jobs == ["0"]                                   # job 1 (gamma=-1) refused, no directory left
     summary = next(tmp_path.glob("0_*/summary.json"))

@@ -69,12 +69,15 @@ def test_finished_run_is_not_rerun_and_another_config_is_refused(tmp_path, data_
     out = train(data_root, tmp_path, *ALGOS["normec"], "rounds=30", "threads=2")     # threads: same run
     assert "already holds this config's finished run" in out.stdout + out.stderr
     assert (tmp_path / "summary.json").read_text() == before
-    kill_after_checkpoint(data_root, tmp_path / "k", *ALGOS["normec"])
-    refused = subprocess.run(command(data_root, tmp_path / "k", *ALGOS["normec"], "seed=7"), cwd=REPO,
-                             capture_output=True, text=True)
-    assert refused.returncode != 0 and "resume" in refused.stderr and "resume=false" in refused.stderr
-    train(data_root, tmp_path / "k", *ALGOS["normec"], "seed=7", "resume=false", "rounds=30")
-    assert json.loads((tmp_path / "k" / "summary.json").read_text())["seed"] == 7
+    kill_after_checkpoint(data_root, tmp_path / "k", *ALGOS["normec"])     # leaves a lock of a dead process
+    on_disk = {p.name: p.read_bytes() for p in (tmp_path / "k").rglob("*") if p.is_file() and p.name != ".lock"}
+    for extra in ((), ("resume=false",)):     # another config's checkpoint is never taken over or removed
+        refused = subprocess.run(command(data_root, tmp_path / "k", *ALGOS["normec"], "seed=7", *extra), cwd=REPO,
+                                 capture_output=True, text=True)
+        assert refused.returncode == 1 and "it holds a run of config normec-" in refused.stderr, refused.stderr
+        assert {p.name: p.read_bytes() for p in (tmp_path / "k").rglob("*") if p.is_file()} == on_disk
+    out = train(data_root, tmp_path / "k", *ALGOS["normec"])                 # its own config continues it
+    assert "resuming from round" in out.stdout + out.stderr
 
 
 def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root):
@@ -84,7 +87,8 @@ def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root
            f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "algo=normec,crasher", "clients=4",
            f"hydra.sweep.dir={tmp_path}"]
     first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 1 and "normfl sweep: 1 completed, 1 failed\n  job 1 failed: " in first.stderr, \
+        first.stderr[-3000:]
     jobs = {d.name.split("_", 1)[0]: d for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit()}
     done, crashed = (json.loads((jobs[j] / "summary.json").read_text()) for j in ("0", "1"))
     assert done["status"] == "completed"

@@ -84,7 +84,7 @@ def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkey
         (tmp_path / "together" / name).mkdir(parents=True)
         jobs.append((config(data_root, "backend=stacked", *overrides), tmp_path / "together" / name))
     summaries = train_together(jobs)
-    assert [s and s["status"] for s in summaries] == ["completed", "completed", "completed", "diverged", None, None]
+    assert [s["status"] for s in summaries] == ["completed", "completed", "completed", "diverged", "failed", "refused"]
     assert passes[0] == 20                                   # the first round: 5 runs x 4 clients in one pass
     crashed = json.loads((tmp_path / "together" / "crasher" / "summary.json").read_text())
     assert crashed["status"] == "failed" and "crashed on purpose in round 1" in crashed["error"]

@@ -7,45 +7,51 @@ import functools
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from normfl.config import config_key
 from normfl.engine.lockstep import Lockstep
 from normfl.run.setup import shared_key
-from normfl.run.training import INPUT_ERRORS, Training, discard, record_failure, start
+from normfl.run.training import INPUT_ERRORS, Training, record_failure, start
 
 log = logging.getLogger("normfl")
 
 
-def train_together(jobs: list[tuple[DictConfig, Path]], max_runs: int = 32, log_name: str = "train.log") -> list:
-    """Train the jobs (config, run directory) of a sweep, those that share ``SHARED`` side by side in one
-    process, at most ``max_runs`` at a time (``normfl.engine.lockstep``); returns each job's summary, or
-    None for a job refused (its directory removed, as ``main`` does) or failed (recorded as failed).
+def train_together(jobs: list[tuple], max_runs: int = 32, log_name: str = "train.log") -> list[dict]:
+    """Train the jobs of a sweep, each (config, run directory[, overrides[, Hydra's config]]), those that
+    share ``SHARED`` side by side in one process, at most ``max_runs`` at a time
+    (``normfl.engine.lockstep``); returns each job's summary, or ``{"status": "refused" | "failed",
+    "error": ...}`` for a job refused (nothing of it left, as ``main`` does) or failed (recorded as failed).
     One run that fails or diverges ends alone; the others go on."""
     results: list = [None] * len(jobs)
     groups: dict[str, list[int]] = {}
-    for i, (cfg, _) in enumerate(jobs):
+    for i, (cfg, *_) in enumerate(jobs):
         groups.setdefault(shared_key(cfg), []).append(i)
     for members in groups.values():
         for first in range(0, len(members), max_runs):
             chunk, cache, trainings = members[first:first + max_runs], {}, {}
             for i in chunk:
-                cfg, out_dir = jobs[i]
+                cfg, out_dir, overrides, hydra_cfg = (*jobs[i], None, None)[:4]
                 try:
-                    t = start(cfg, out_dir, cache, progress=False)
+                    t = start(cfg, out_dir, cache, progress=False, log_name=log_name, overrides=overrides,
+                              hydra_cfg=hydra_cfg)
                 except INPUT_ERRORS as err:
-                    discard(Path(out_dir), log_name)
-                    log.error("job %s skipped: %s", i, err)
+                    log.error("job %s refused: %s", i, err)
+                    results[i] = {"status": "refused", "error": str(err)}
                     continue
                 except Exception as err:
-                    record_failure(Path(out_dir), i, err)
+                    record_failure(Path(out_dir), i, err, config_key(cfg))
+                    results[i] = {"status": "failed", "error": repr(err)}
                     continue
                 if isinstance(t, dict):
                     results[i] = t
                 else:
                     trainings[i] = t
-            _side_by_side(list(trainings.values()))
-            for i, t in trainings.items():
-                results[i] = t.finish() if t.status != "failed" else None
+            try:
+                _side_by_side(list(trainings.values()))
+                for i, t in trainings.items():
+                    results[i] = t.finish() if t.status != "failed" else {"status": "failed", "error": t.error}
+            finally:
+                for t in trainings.values():
+                    t.rundir.release()
     return results
 
 
@@ -59,9 +65,9 @@ def _side_by_side(trainings: list[Training]) -> None:
                 if isinstance(result, BaseException):
                     if not isinstance(result, Exception):
                         raise result                     # KeyboardInterrupt, SystemExit: stop everything
-                    t.status, t.active = "failed", False
+                    t.status, t.active, t.error = "failed", False, repr(result)
                     t.bar.close()
-                    record_failure(t.out_dir, t.out_dir.name, result)
+                    record_failure(t.out_dir, t.out_dir.name, result, t.key)
                 else:
                     t.record(*result)
     finally:

@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import platform
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from normfl import checkpoint
 from normfl.config import ConfigError, config_key, validate
 from normfl.data import label_histogram
 from normfl.results import FINISHED, Recorder, write_atomic
+from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build
 
 log = logging.getLogger("normfl")
@@ -34,8 +34,9 @@ class Training:
     train loss the mean over them, its transmissions their sum). ``active`` says whether a step is due."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path, key: str, state: dict | None, t_start: float,
-                 setup: Setup, progress: bool):
+                 setup: Setup, progress: bool, rundir: RunDir):
         self.cfg, self.out_dir, self.key, self.t_start, self.setup = cfg, Path(out_dir), key, t_start, setup
+        self.rundir = rundir
         self.algo, self.clients, self.x, flat = setup.algo, setup.clients, setup.x, setup.flat
         label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
             self.out_dir / "partition.csv")
@@ -90,11 +91,14 @@ class Training:
                "bytes_uploaded": self.uploads * self.upload_bytes, "bytes_total": self.sent * self.upload_bytes,
                **{name: info[name] for name in ("tau", "steps_total") if name in info}}
         self.losses, self.uploads = [], 0
+        if not diverged and ((k + 1) % cfg.eval_every == 0 or last):
+            self.evaluate(row, x, self.step)                 # a model whose loss is not finite diverged too
+            diverged = not all(math.isfinite(row[m]) for m in ("test_loss", "full_train_loss") if m in row)
+            if not diverged:
+                self.bar.set_postfix(loss=f"{loss:.3f}" if loss is not None else "-", acc=f"{row['test_acc']:.3f}")
         if diverged:
             row["test_loss"] = row["test_acc"] = math.nan
-        elif (k + 1) % cfg.eval_every == 0 or last:
-            self.evaluate(row, x, self.step)
-            self.bar.set_postfix(loss=f"{loss:.3f}" if loss is not None else "-", acc=f"{row['test_acc']:.3f}")
+            row.pop("full_train_loss", None)
         row["wall_time"] = time.perf_counter() - self.t0
         self.rec.add(row)
         self.k, self.active = k + 1, not (diverged or last)
@@ -139,36 +143,53 @@ class Training:
                          "python": platform.python_version()},
         })
         checkpoint.remove(self.out_dir)                      # the summary now stands for the run
+        self.rundir.release()
         return summary
 
 
-def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: bool | None = None):
+def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: bool | None = None,
+          log_name: str | None = None, overrides: list[str] | None = None, hydra_cfg: DictConfig | None = None):
     """A run's ``Training`` (fresh, or from its checkpoint), or the summary of its finished run.
-    Raises ConfigError on bad input.
 
-    With ``resume`` (the default), a run directory that already holds this config's finished run is
-    left as it is, and one holding its checkpoint continues from there."""
-    validate(cfg)
-    key = config_key(cfg)
-    if cfg.resume and (done := finished(out_dir, key)):
-        log.info("%s already holds this config's finished run (resume=false reruns it)", out_dir)
-        return done
-    if not cfg.resume:
-        checkpoint.remove(out_dir)
-    state = checkpoint.load(out_dir, key)
-    t_start = time.perf_counter() - (state["wall_time_s"] if state else 0.0)
-    setup = build(cfg, cache)
-    return Training(cfg, out_dir, key, state, t_start, setup, cfg.progress if progress is None else progress)
+    Bad input (a config value, a data file, a directory another run holds or owns: ``rundir``) raises
+    ConfigError or FileNotFoundError, and everything this call made in ``out_dir`` is removed again.
+    With ``resume`` (the default), a directory that already holds this config's finished run is left as
+    it is, and one holding its checkpoint continues from there; ``resume=false`` starts it over."""
+    d = RunDir(out_dir, log_name)
+    try:
+        validate(cfg)
+        key = config_key(cfg)
+        d.claim(key, cfg.resume)
+        if cfg.resume and (done := finished(out_dir, key)):
+            log.info("%s already holds this config's finished run (resume=false reruns it)", out_dir)
+            d.release()
+            return done
+        if not cfg.resume:
+            checkpoint.remove(out_dir)                       # this config's (claim refused any other's)
+        state = checkpoint.load(out_dir, key)
+        t_start = time.perf_counter() - (state["wall_time_s"] if state else 0.0)
+        setup = build(cfg, cache)
+        d.record(cfg, overrides, hydra_cfg)
+        return Training(cfg, out_dir, key, state, t_start, setup, cfg.progress if progress is None else progress, d)
+    except INPUT_ERRORS:
+        d.discard()
+        raise
+    except BaseException:
+        d.release()
+        raise
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
+def run(cfg: DictConfig, out_dir: Path, **kw) -> dict:
     """Run one experiment into ``out_dir``; returns the summary (see ``start``)."""
-    t = start(cfg, out_dir)
+    t = start(cfg, out_dir, **kw)
     if isinstance(t, dict):
         return t
-    while t.active:
-        t.record(*t.algo.round(t.step, t.x, t.clients))
-    return t.finish()
+    try:
+        while t.active:
+            t.record(*t.algo.round(t.step, t.x, t.clients))
+        return t.finish()
+    finally:
+        t.rundir.release()
 
 
 def finished(out_dir: Path, key: str) -> dict | None:
@@ -190,17 +211,7 @@ def peak_rss_mb() -> float | None:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
-def record_failure(out_dir: Path, job, err: BaseException) -> None:
+def record_failure(out_dir: Path, job, err: BaseException, key: str | None = None) -> None:
     log.error("job %s failed: %r", job, err, exc_info=err)
-    write_atomic(out_dir / "summary.json", json.dumps({"status": "failed", "error": repr(err)}) + "\n")
-
-
-def discard(out_dir: Path, log_name: str) -> None:
-    """Remove what Hydra wrote for a refused run (its .hydra folder and log), and the folder if that
-    leaves it empty; anything else already in a reused folder is kept."""
-    shutil.rmtree(out_dir / ".hydra", ignore_errors=True)
-    (out_dir / log_name).unlink(missing_ok=True)
-    try:
-        out_dir.rmdir()
-    except OSError:
-        pass
+    failure = {"status": "failed", "config_key": key, "error": repr(err)}
+    write_atomic(out_dir / "summary.json", json.dumps(failure) + "\n")

@@ -7,6 +7,7 @@ holding this one on the import path.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,9 +20,10 @@ from omegaconf import open_dict
 log = logging.getLogger(__name__)
 
 
-def _output_dir(cfg) -> Path:
-    """The task each job runs under Hydra: nothing but noting where Hydra put its run directory."""
-    return Path(HydraConfig.get().runtime.output_dir)
+def _output_dir(cfg) -> tuple[Path, object]:
+    """The task each job runs under Hydra: nothing but noting where Hydra put its run directory (and
+    Hydra's config of the job, which the run records once it is accepted)."""
+    return Path(HydraConfig.get().runtime.output_dir), copy.deepcopy(HydraConfig.instance().cfg)
 
 
 class StackedLauncher(Launcher):
@@ -34,6 +36,7 @@ class StackedLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from normfl.run import train_together
+        from normfl.run.cli import note
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -49,7 +52,9 @@ class StackedLauncher(Launcher):
             jobs.append(run_job(hydra_context=self.hydra_context, task_function=_output_dir, config=sweep_config,
                                 job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        summaries = train_together([(job.cfg, job.return_value) for job in jobs], self.max_runs)
-        for job, summary in zip(jobs, summaries, strict=True):
+        summaries = train_together([(job.cfg, job.return_value[0], list(job.overrides), job.return_value[1])
+                                    for job in jobs], self.max_runs)
+        for idx, (job, summary) in enumerate(zip(jobs, summaries, strict=True), start=initial_job_idx):
             job.return_value = summary
+            note(self.config.hydra.sweep.dir, idx, list(job.overrides), summary["status"])
         return jobs
