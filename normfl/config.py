@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES, PARTICIPATION
 from normfl.algorithms.local import OPERATORS
@@ -19,10 +20,12 @@ from normfl.algorithms.tau import T_MODES, TAU_RULES
 from normfl.data.clients import ORACLES
 from normfl.data.sources import SPLITS
 from normfl.engine import BACKENDS, PRECISIONS
+from normfl.engine.flat import pick_device
 from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE_ON, RELATIONS
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
+EPSILON_MAX = 100.0                         # the largest privacy.epsilon a run takes
 READINGS = ("text", "pass")                 # what one round is (NORMEC spec A2); see conf/config.yaml
 GRID_PROFILES = ("paper", "text", "quick")  # the settings a figure's grid runs with (make <id> profile=...)
 PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's grid, or by hand
@@ -42,8 +45,8 @@ def _number(cfg, key, ok, allowed, integer=False, optional=False):
     if v is None and optional:
         return
     kinds = (int,) if integer else (int, float)
-    if isinstance(v, bool) or not isinstance(v, kinds) or not ok(v):
-        raise ConfigError(key, v, allowed)
+    if isinstance(v, bool) or not isinstance(v, kinds) or not math.isfinite(v) or not ok(v):
+        raise ConfigError(key, v, allowed if integer else f"{allowed}, finite")
 
 
 def _choice(cfg, key, options, optional=True):
@@ -58,7 +61,7 @@ def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value."""
     _number(cfg, "rounds", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "clients", lambda v: v >= 1, "an integer >= 1", integer=True)
-    _number(cfg, "seed", lambda v: v >= 0, "an integer >= 0", integer=True)
+    _number(cfg, "seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", integer=True)
     _number(cfg, "batch_size", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "threads", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
@@ -83,6 +86,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("precision", "bf16", f"fp32 with backend={cfg.backend} (bf16 autocast runs on "
                           "backend=sequential or stacked, between which auto then picks)")
     _choice(cfg, "device.name", ("auto", "cpu", "cuda", "mps"), optional=False)
+    pick_device(cfg.device.name)                      # a device this machine lacks is refused here
     _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
     _choice(cfg, "logger.mode", ("offline", "online", "disabled"))
 
@@ -96,8 +100,13 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "algo.alpha", lambda v: v >= 0, "a number >= 0", optional=True)
     for key in ("p", "algo.p"):
         _number(cfg, key, lambda v: 0 < v <= 1, "a number in (0, 1]", optional=True)
+    if _get(cfg, "p") not in (None, 1, 1.0) and _get(cfg, "algo.p") is None:      # the algorithm would ignore it
+        raise ConfigError("p", cfg.p, f"1.0 with algo={cfg.algo.name}, which lets every client take part each "
+                          "round; the federated algorithms (fed_normec, dp_fed_normec, fedavg, dp_fedavg) sample "
+                          "clients with p")
 
-    _number(cfg, "privacy.epsilon", lambda v: v > 0, "a number > 0")
+    _number(cfg, "privacy.epsilon", lambda v: 0 < v <= EPSILON_MAX, f"a number in (0, {EPSILON_MAX:g}] (a larger "
+            "ε certifies nothing, and its noise is too small to account: ε = 1,000 took 7 GiB and 7 minutes)")
     _number(cfg, "privacy.delta", lambda v: 0 < v < 1, "a number in (0, 1)")
     _number(cfg, "privacy.c", lambda v: v > 0, "a number > 0")
     _number(cfg, "privacy.noise_multiplier_override", lambda v: v >= 0, "null or a number >= 0", optional=True)
@@ -141,7 +150,17 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "model.init", ("default", "zeros"))
     _number(cfg, "partition.shards_per_client", lambda v: v >= 1, "an integer >= 1", integer=True, optional=True)
     _number(cfg, "partition.alpha", lambda v: v > 0, "a number > 0", optional=True)
+    for key in ("partition.min_size", "partition.num_shards", "partition.shard_size"):
+        _number(cfg, key, lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
+    _number(cfg, "dataset.split_seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", integer=True,
+            optional=True)
+    hidden = _get(cfg, "model.hidden")
+    widths = list(hidden) if isinstance(hidden, ListConfig) else [hidden]
+    if hidden is not None and not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
+        raise ConfigError("model.hidden", hidden, "an integer >= 1, or a list of them")
 
+    if _get(cfg, "dataset._target_") == "normfl.data.load_npz" and OmegaConf.is_missing(cfg.dataset, "path"):
+        raise ConfigError("dataset.path", "???", "the path of an .npz file: dataset=npz dataset.path=FILE")
     if _get(cfg, "dataset.path") is not None and not Path(cfg.dataset.path).is_file():
         raise ConfigError("dataset.path", cfg.dataset.path, "an existing .npz file")
     env = os.environ.get("NORMFL_OFFLINE_DATA")

@@ -7,3 +7,11 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
+
+
+class DataError(ConfigError):
+    """A bad data file (``dataset=npz``): names the file, the array, the problem and what is allowed."""
+
+    def __init__(self, path, array: str, problem: str, allowed: str):
+        ValueError.__init__(self, f"invalid data: {path}: {array}: {problem}; allowed: {allowed}")
+        self.key, self.value, self.allowed = "dataset.path", str(path), allowed

@@ -53,6 +53,20 @@ def test_calibration_round_trip(acc, q, amp, monkeypatch, tmp_path):
     assert (tmp_path / "calibration.json").exists()
 
 
+@pytest.mark.parametrize("acc, q, amp, relation", [("rdp", 1.0, False, "add_remove"), ("pld", 1.0, False, "add_remove"),
+                                                   ("pld", 0.25, True, "replace"), ("rdp", 0.5, True, "add_remove")])
+def test_calibrated_noise_never_certifies_more_than_the_target(acc, q, amp, relation, monkeypatch, tmp_path):
+    """Issue 18: the PLD calibration certified 8.0000004 for 8 and 1.0000024 for 1. Whatever the target, the
+    run's own ledger and a fresh accountant both certify at most the ε asked for, and only just."""
+    monkeypatch.setenv("NORMFL_CACHE", str(tmp_path))
+    calibrate.cache_clear()
+    for target in (0.5, 1.0, 8.0):
+        z = calibrate(target, 1e-5, 300, acc, q, amp, relation)
+        mech = Mechanism(z, q, amp, relation)
+        for spent in (Ledger(mech, 1e-5).spent(300)[acc], mech.epsilon(300, 1e-5, acc)):
+            assert spent <= target and spent == pytest.approx(target, rel=2e-3), (target, spent)
+
+
 def test_privacy_upload_std_by_accountant(monkeypatch, tmp_path):
     monkeypatch.setenv("NORMFL_CACHE", str(tmp_path))
     paper = Privacy()

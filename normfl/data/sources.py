@@ -25,6 +25,8 @@ from urllib.request import getproxies, proxy_bypass
 import numpy as np
 import torch
 
+from normfl.errors import DataError
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("standard", "holdout", "pooled")
@@ -465,43 +467,60 @@ def _fmnist_torchvision(root: Path, download: bool, looked: list[str]):
 # ------------------------------------------------------------------------------------------ npz
 
 
+MAX_CLASSES = 1000          # labels of an npz dataset lie in [0, MAX_CLASSES)
+
+
 def load_npz(
     path, split: str = "standard", holdout_fraction: float = 0.1, split_seed: int = 42, mean=(), std=()
 ) -> ArrayDataset:
-    """Arrays from an .npz: `x`, `y`, optional `x_test`/`y_test`, optional `client` (train client ids)."""
+    """Arrays from an .npz: `x`, `y`, optional `x_test`/`y_test`, optional `client` (train client ids).
+    Every array is checked (``DataError`` names the file, the array, the problem and what is allowed)."""
     check_split(split)
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"npz dataset not found: {path}")
-    with np.load(path, allow_pickle=False) as z:
-        keys = set(z.files)
-        if not {"x", "y"} <= keys or ("x_test" in keys) != ("y_test" in keys):
-            raise ValueError(
-                f"{path}: needs keys x, y and optionally both x_test, y_test; has {sorted(keys)}"
-            )
-        x, y = _npz_x(z["x"], "x", path), _npz_y(z["y"], "y", len(z["x"]), path)
-        x_te = y_te = None
-        if "x_test" in keys:
-            x_te = _npz_x(z["x_test"], "x_test", path)
-            y_te = _npz_y(z["y_test"], "y_test", len(x_te), path)
-            if x_te.dtype != x.dtype or x_te.shape[1:] != x.shape[1:]:
-                raise ValueError(
-                    f"{path}: x_test {x_te.dtype} {tuple(x_te.shape)} does not match x "
-                    f"{x.dtype} {tuple(x.shape)}"
-                )
-        clients = _npz_y(z["client"], "client", len(x), path) if "client" in keys else None
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head != b"PK\x03\x04":       # an .npz is a zip archive
+        raise DataError(path, "the file", "empty (0 bytes)" if not head else f"not an .npz (it begins {head!r})",
+                        "a file written by numpy.savez / savez_compressed")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as err:             # empty, text, truncated, pickled: numpy says what
+        raise DataError(path, "the file", f"not a readable .npz ({type(err).__name__}: {err})",
+                        "a file written by numpy.savez / savez_compressed, without pickled objects") from None
+    keys = set(arrays)
+    if not {"x", "y"} <= keys or ("x_test" in keys) != ("y_test" in keys):
+        raise DataError(path, "its arrays", f"has {sorted(keys)}", "x, y, and optionally both x_test and y_test, "
+                        "and client")
+    x = _npz_x(arrays["x"], "x", path)
+    y = _npz_y(arrays["y"], "y", len(x), path)
+    x_te = y_te = None
+    if "x_test" in keys:
+        x_te = _npz_x(arrays["x_test"], "x_test", path)
+        y_te = _npz_y(arrays["y_test"], "y_test", len(x_te), path)
+        if x_te.dtype != x.dtype or x_te.shape[1:] != x.shape[1:]:
+            raise DataError(path, "x_test", f"{x_te.dtype} {tuple(x_te.shape)}",
+                            f"the dtype and sample shape of x ({x.dtype} {tuple(x.shape)})")
+    clients = _npz_y(arrays["client"], "client", len(x), path, labels=False) if "client" in keys else None
     if x_te is None and split != "holdout":
-        raise ValueError(
-            f"{path} has no x_test/y_test, so split={split!r} is impossible; use split='holdout'"
-        )
-    arrays = (x, y, x_te, y_te)
+        raise DataError(path, "x_test", f"absent, so split={split!r} has no test set",
+                        "split=holdout (dataset.split=holdout), or a file with x_test and y_test")
+    if split == "holdout" and int(len(x) * holdout_fraction) < 1:
+        raise DataError(path, "x", f"{len(x)} samples: holdout_fraction={holdout_fraction} holds out none",
+                        "enough samples for a test set of at least one")
     return _make(
-        "npz", f"npz:{path.name}", str(path), arrays, split, holdout_fraction, split_seed, mean, std, clients
+        "npz", f"npz:{path.name}", str(path), (x, y, x_te, y_te), split, holdout_fraction, split_seed, mean, std,
+        clients
     )
 
 
 def _npz_x(x: np.ndarray, key: str, path: Path) -> torch.Tensor:
-    """uint8 [N,H,W] -> [N,1,H,W]; uint8 [N,H,W,C], C in (1, 3) -> NCHW; float -> float32 as is."""
+    """uint8 [N,H,W] -> [N,1,H,W]; uint8 [N,H,W,C], C in (1, 3) -> NCHW; float [N, ...] -> float32 as is."""
+    if x.ndim < 2 or x.shape[0] < 1 or 0 in x.shape[1:]:
+        raise DataError(path, key, f"shape {x.shape}", "one sample per row, at least one sample: [N, features] "
+                        "or [N, H, W(, C)] images")
     if x.dtype == np.uint8:
         if x.ndim == 3:
             x = x[:, None]
@@ -509,13 +528,21 @@ def _npz_x(x: np.ndarray, key: str, path: Path) -> torch.Tensor:
             x = x.transpose(0, 3, 1, 2)
         return torch.from_numpy(np.ascontiguousarray(x))
     if np.issubdtype(x.dtype, np.floating):
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    raise ValueError(f"{path}: {key} must be uint8 or float, not {x.dtype}")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if not np.isfinite(x).all():
+            bad = np.argwhere(~np.isfinite(x))[0]
+            raise DataError(path, key, f"{int((~np.isfinite(x)).sum())} values are NaN or infinite (the first at "
+                            f"index {tuple(int(i) for i in bad)}, as float32)", "finite numbers")
+        return torch.from_numpy(x)
+    raise DataError(path, key, f"dtype {x.dtype}", "uint8 images or floating-point features")
 
 
-def _npz_y(y: np.ndarray, key: str, n: int, path: Path) -> torch.Tensor:
-    if not np.issubdtype(y.dtype, np.integer) or y.shape != (n,) or (n and y.min() < 0):
-        raise ValueError(
-            f"{path}: {key} must be non-negative integers of shape ({n},), got {y.dtype} {y.shape}"
-        )
+def _npz_y(y: np.ndarray, key: str, n: int, path: Path, labels: bool = True) -> torch.Tensor:
+    if not np.issubdtype(y.dtype, np.integer) or y.shape != (n,):
+        raise DataError(path, key, f"{y.dtype} {y.shape}", f"integers of shape ({n},), one per sample")
+    if n and y.min() < 0:
+        raise DataError(path, key, f"value {int(y.min())}", "integers >= 0")
+    if labels and n and y.max() >= MAX_CLASSES:
+        raise DataError(path, key, f"label {int(y.max())}", f"class labels 0..{MAX_CLASSES - 1} (the model gets one "
+                        "output per class up to the largest label)")
     return torch.from_numpy(y.astype(np.int64))

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from normfl.errors import ConfigError
+
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -18,9 +20,9 @@ def pick_device(name: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device.name='cuda' but torch.cuda.is_available() is False; use auto or cpu")
+        raise ConfigError("device", "cuda", "auto or cpu (torch sees no CUDA device on this machine)")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError("device.name='mps' but MPS is not available; use auto or cpu")
+        raise ConfigError("device", "mps", "auto or cpu (torch sees no MPS device on this machine)")
     return torch.device(name)
 
 

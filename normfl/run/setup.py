@@ -30,7 +30,7 @@ def build_data(cfg: DictConfig):
     try:
         ds = instantiate(ds_cfg)
     except InstantiationException as err:  # e.g. a split the data cannot give
-        if isinstance(err.__cause__, FileNotFoundError):
+        if isinstance(err.__cause__, (FileNotFoundError, ConfigError)):     # a missing or bad data file
             raise err.__cause__ from None
         raise ConfigError("dataset", _kind(cfg.dataset), str(err.__cause__ or err)) from err
     if cfg.dataset.train_limit or cfg.dataset.test_limit:
