@@ -1,40 +1,162 @@
-"""Bad input through `train.py`: a clear message naming what is wrong, exit status != 0, no run dir."""
+"""Bad input, from the user's side: ``python train.py ...`` run as the user runs it (in this process, through
+``train.py`` and Hydra, so the corpus stays cheap; the signal and concurrency cases use real processes).
 
+Every refusal must: exit 1 with a message (one line, save where a list of places to look helps) that
+names the key (or file and array), the value and what is allowed, and no traceback; and leave the disk
+exactly as it was (no directory, no log, no earlier record touched).
+The corpus grows with every refusal class: add a row, never a special case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import runpy
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
-FMNIST = ["dataset=fashion_mnist", "model=logreg", "clients=4", "rounds=2", "dataset.train_limit=2000",
-          "progress=false"]
+B = ["dataset=fashion_mnist", "dataset.train_limit=2000", "dataset.test_limit=500", "model=logreg", "rounds=3",
+     "clients=4", "progress=false", "device=cpu"]
 
 
-def refused(run_dir: Path, *overrides) -> str:
-    out = subprocess.run([sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0
-    assert not run_dir.exists()                              # nothing written
-    return out.stdout + out.stderr
+def train(data_root, run_dir, *overrides) -> tuple[int, str]:
+    """``python train.py`` in this process: (exit code, stderr)."""
+    # Hydra's logging configs would close every handler of this process (pytest's too): none here
+    argv, sys.argv = sys.argv, ["train.py", f"data_root={data_root}", *B, *overrides, f"hydra.run.dir={run_dir}",
+                                "hydra.job_logging.root=null", "hydra.hydra_logging.root=null"]
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level           # Hydra's logging config replaces them
+    err, code = io.StringIO(), 0
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as out:
+            runpy.run_path(str(REPO / "train.py"), run_name="__main__")
+        err.write(out.getvalue())
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        if isinstance(e.code, str):
+            err.write(e.code + "\n")
+    finally:
+        sys.argv = argv
+        for h in root.handlers[:]:          # the run's stdout handler: closed, as at a process's end
+            if h not in handlers:
+                root.removeHandler(h)
+                h.close()
+        for h in handlers:
+            if h not in root.handlers:
+                root.addHandler(h)
+        root.setLevel(level)
+    return code, err.getvalue()
 
 
-@pytest.mark.parametrize("overrides, needles", [
-    (["algo=dp_fedavg", "algo.bounding=none"], ["algo.bounding", "norm or clip"]),
-    (["privacy.delta=null"], ["privacy.delta", "(0, 1)"]),                              # ε without δ
-    (["algo=fedavg", "algo.participation=cohort", "algo.cohort_size=20"], ["algo.cohort_size", "clients=4"]),
-    (["clients=5000"], ["clients", "2000 training samples"]),
-    (["algo=clip21", "+algo.server_norm=true"], ["algo='clip21'", "server_norm"]),     # Clip21 has no SN
-    (["resume=maybe"], ["resume", "True | False"]),
-    (["algo=fed_normec", "algo.local_operator=ig", "partition=dirichlet"], ["algo.local_operator", "equal shard"]),
-    (["precision=bf16", "backend=vmap"], ["precision", "backend=sequential"]),
-    (["model=cnn", "backend=analytic"], ["backend='analytic'", "model=cnn", "mlp, logreg"]),
-])
-def test_bad_config_is_refused(overrides, needles, tmp_path, data_root):
-    text = refused(tmp_path / "run", *FMNIST, f"data_root={data_root}", *overrides)
-    assert all(n in text for n in needles), text[-2000:]
+def disk(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} | {
+        str(p.relative_to(root)) + "/": b"" for p in root.rglob("*") if p.is_dir()}
+
+
+def npz(path: Path, **change) -> Path:
+    """A small valid npz (float 8x8 images, 3 classes), with arrays replaced by ``change``."""
+    r = np.random.default_rng(0)
+    x, y = r.random((200, 1, 8, 8)).astype(np.float32), r.integers(0, 3, 200)
+    arrays = {"x": x, "y": y, "x_test": x[:50], "y_test": y[:50], **change}
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+def _nan_x():
+    x = np.random.default_rng(0).random((200, 1, 8, 8)).astype(np.float32)
+    x[3, 0, 1, 1] = np.inf
+    return x
+
+
+# (name, overrides or a function of tmp_path giving them, what the one line must say)
+CONFIG = [
+    ("rounds negative", ["rounds=-1"], "rounds=-1; allowed: an integer >= 1"),
+    ("beta infinite", ["algo.beta=inf"], "algo.beta=inf; allowed: a number > 0, finite"),
+    ("gamma nan", ["algo.gamma=nan"], "algo.gamma=nan; allowed: a number > 0, finite"),
+    ("alpha infinite", ["algo.alpha=inf"], "algo.alpha=inf; allowed: a number >= 0, finite"),
+    ("epsilon infinite", ["algo=dp_normec", "privacy.epsilon=inf"],
+     "privacy.epsilon=inf; allowed: a number in (0, 100]"),
+    ("epsilon huge", ["algo=dp_normec", "privacy.epsilon=1e308"],
+     "privacy.epsilon=1e+308; allowed: a number in (0, 100]"),
+    ("seed beyond 64 bits", ["seed=18446744073709551617"],
+     "seed=18446744073709551617; allowed: an integer in [0, 2^32)"),
+    ("p ignored", ["algo=normec", "p=0.5"], "p=0.5; allowed: 1.0 with algo=normec"),
+    ("no cuda", ["device=cuda"], "device='cuda'; allowed: auto or cpu"),
+    ("npz without path", ["dataset=npz"], "dataset.path='???'; allowed: the path of an .npz file"),
+    ("hidden width", ["model=mlp", "model.hidden=0"], "model.hidden=0; allowed: an integer >= 1"),
+    ("no bounding", ["algo=dp_fedavg", "algo.bounding=none"], ("algo.bounding", "norm or clip")),
+    ("epsilon without delta", ["privacy.delta=null"], ("privacy.delta", "(0, 1)")),
+    ("cohort too large", ["algo=fedavg", "algo.participation=cohort", "algo.cohort_size=20"],
+     ("algo.cohort_size", "clients=4")),
+    ("clients beyond samples", ["clients=5000"], ("clients", "2000 training samples")),
+    ("clip21 has no SN", ["algo=clip21", "+algo.server_norm=true"], ("algo='clip21'", "server_norm")),
+    ("resume not a bool", ["resume=maybe"], ("resume", "True | False")),
+    ("IG on unequal shards", ["algo=fed_normec", "algo.local_operator=ig", "partition=dirichlet"],
+     ("algo.local_operator", "equal shard")),
+    ("bf16 on vmap", ["precision=bf16", "backend=vmap"], ("precision", "backend=sequential")),
+    ("analytic CNN", ["model=cnn", "backend=analytic"], ("backend='analytic'", "model=cnn", "mlp, logreg")),
+    ("data nowhere", ["data_root=/nonexistent/root", "offline_data=/nonexistent/none", "dataset.download=false"],
+     ("Fashion-MNIST not found", "To provide Fashion-MNIST")),
+]
+NPZ = [  # (name, the file's arrays or raw bytes, what the line must say)
+    ("nan features", dict(x=_nan_x()), "x: 1 values are NaN or infinite"),
+    ("label of a million", dict(y=np.r_[10**6, np.zeros(199, int)]), "y: label 1000000; allowed: class labels 0..999"),
+    ("negative label", dict(y=np.r_[-1, np.zeros(199, int)]), "y: value -1; allowed: integers >= 0"),
+    ("empty test split", dict(x_test=np.zeros((0, 1, 8, 8), np.float32), y_test=np.zeros(0, int)),
+     "x_test: shape (0, 1, 8, 8); allowed: one sample per row"),
+    ("1-D x", dict(x=np.zeros(200, np.float32), x_test=np.zeros(50, np.float32)), "x: shape (200,)"),
+    ("labels of another length", dict(y=np.zeros(10, int)), "y: int64 (10,); allowed: integers of shape (200,)"),
+    ("empty file", b"", "the file: empty (0 bytes)"),
+    ("text file", b"x,y\n1,2\n", "the file: not an .npz (it begins b'x,y\\n')"),
+    ("truncated", "truncated", "the file: not a readable .npz (BadZipFile"),
+]
+
+
+def refused(tmp_path, data_root, overrides, expect, run_dir=None):
+    run_dir = run_dir or tmp_path / "run"
+    before = disk(tmp_path)
+    code, err = train(data_root, run_dir, *overrides)
+    lines = [line for line in err.splitlines() if line.strip()]
+    expect = (expect,) if isinstance(expect, str) else expect
+    assert code == 1 and lines[0].startswith("normfl: ") and "Traceback" not in err, err
+    assert all(e in err for e in expect), err
+    assert disk(tmp_path) == before                          # nothing made, nothing removed
+    return err
+
+
+@pytest.mark.parametrize("name, overrides, expect", CONFIG, ids=[c[0] for c in CONFIG])
+def test_bad_config_values(name, overrides, expect, tmp_path, data_root):
+    refused(tmp_path, data_root, overrides, expect)
+
+
+@pytest.mark.parametrize("name, content, expect", NPZ, ids=[c[0] for c in NPZ])
+def test_bad_npz_contents(name, content, expect, tmp_path, data_root):
+    path = tmp_path / "data.npz"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content == "truncated":
+        path.write_bytes(npz(path).read_bytes()[:3000])
+    else:
+        npz(path, **content)
+    line = refused(tmp_path, data_root, ["dataset=npz", f"dataset.path={path}"], expect)
+    assert str(path) in line
+
+
+def test_bad_environment(tmp_path, data_root, monkeypatch):
+    monkeypatch.setenv("NORMFL_OFFLINE_DATA", str(tmp_path / "nowhere"))
+    refused(tmp_path, data_root, [], "offline_data (from $NORMFL_OFFLINE_DATA)")
 
 
 def test_corrupted_archive_is_named_by_its_checksum(tmp_path):
@@ -43,13 +165,83 @@ def test_corrupted_archive_is_named_by_its_checksum(tmp_path):
     archive = (SHARED / "cifar10-jpeg.tar.xz").read_bytes()
     (offline / "cifar10-jpeg.tar.xz").write_bytes(archive[: len(archive) // 2])      # truncated
     shutil.copy(SHARED / "cifar10-canonical-labels.npz", offline)
-    text = refused(tmp_path / "run", "rounds=1", f"data_root={tmp_path / 'root'}", f"offline_data={offline}")
-    assert "cifar10-jpeg.tar.xz: sha256" in text and "corrupted or truncated" in text
+    area = tmp_path / "runs"             # the data root below is a cache, locked while it is filled
+    area.mkdir()
+    line = refused(area, tmp_path / "root", ["dataset=cifar10", "model=logreg", "rounds=1",
+                                             f"offline_data={offline}"], "corrupted or truncated")
+    assert "cifar10-jpeg.tar.xz: sha256" in line
 
 
-def test_missing_data_and_unwritable_output_dir(tmp_path):
-    text = refused(tmp_path / "run", *FMNIST, f"data_root={tmp_path / 'root'}", f"offline_data={tmp_path / 'none'}",
-                   "dataset.download=false")
-    assert "Fashion-MNIST not found" in text and "To provide Fashion-MNIST" in text
-    text = refused(Path("/proc/normfl-run"), *FMNIST)
-    assert "/proc/normfl-run" in text
+def test_unwritable_output_dir(data_root):
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), *B, "hydra.run.dir=/proc/normfl-run"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "/proc/normfl-run" in out.stderr
+
+
+def test_run_directory_states(tmp_path, data_root):
+    """Defects 1 and 3: a refusal in a directory of a finished run keeps every record of it; a finished run
+    (or checkpoint) of another config is refused, naming both configs; the same config is left alone."""
+    d = tmp_path / "run"
+    assert train(data_root, d)[0] == 0
+    assert {".hydra", "summary.json", "metrics.csv"} <= set(os.listdir(d))
+    refused(tmp_path, data_root, ["rounds=-1"], "rounds=-1", d)                        # defect 1
+    key = json.loads((d / "summary.json").read_text())["config_key"]
+    for extra in ((), ("resume=false",)):                                              # defect 3
+        line = refused(tmp_path, data_root, ["seed=7", *extra], f"it holds a run of config {key}", d)
+        assert "normec-" in line.split("allowed:")[1].split(";")[0]                  # and names this config's
+    summary = (d / "summary.json").read_bytes()
+    assert train(data_root, d)[0] == 0 and (d / "summary.json").read_bytes() == summary   # left as it is
+
+
+def test_a_live_run_holds_its_directory(tmp_path, data_root):
+    """Defect 2: a second run in a directory a live run holds is refused up front and cleans up nothing;
+    the first run goes on untouched, and gives the directory up when it ends."""
+    d = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"data_root={data_root}", *B, "rounds=100000",
+                              f"hydra.run.dir={d}"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        while first.poll() is None and not (d / "metrics.csv").exists():
+            time.sleep(0.01)
+        assert json.loads((d / ".lock").read_text())["pid"] == first.pid
+        line = refused(d / ".hydra", data_root, ["rounds=100000"], f"held by pid {first.pid}", d)
+        assert "hydra.run.dir=" in line and first.poll() is None            # still running
+        first.send_signal(signal.SIGINT)
+        assert first.wait(120) == 130, first.stderr.read()
+    finally:
+        first.kill()
+    assert {".hydra", "metrics.csv", "train.log"} <= set(os.listdir(d)) and not (d / ".lock").exists()
+
+
+def _strict(name):
+    raise ValueError(f"{name} in a summary: not strict JSON")
+
+
+def test_non_finite_evaluation_is_divergence_and_summaries_are_strict_json(tmp_path, data_root):
+    """Defect 4: γ = 1e38 leaves the parameters finite but the test loss NaN: recorded as diverged, with no
+    final accuracy, and a summary any strict JSON parser reads."""
+    d = tmp_path / "run"
+    assert train(data_root, d, "algo.gamma=1e38", "rounds=1")[0] == 0
+    summary = json.loads((d / "summary.json").read_text(), parse_constant=_strict)
+    assert summary["status"] == "diverged"
+    assert summary["final_test_acc"] is None and summary["final_test_loss"] is None
+    assert summary["best_round"] == 0                       # the only evaluation that gave a number
+
+
+def test_ctrl_c_says_how_to_resume(tmp_path, data_root):
+    """Defect 7: Ctrl-C is one line saying the run resumes from its checkpoint, not a traceback; the run
+    directory keeps its checkpoint and gives up its lock."""
+    d = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"data_root={data_root}", *B, "rounds=100000",
+                             "checkpoint_every=20", f"hydra.run.dir={d}"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    while proc.poll() is None and not (d / "checkpoint.pt").exists():
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip() and "[INFO]" not in line]
+    assert proc.returncode == 130 and lines == [
+        f"normfl: interrupted; the same command continues it from its checkpoint (round 20) in {d}"] or (
+        proc.returncode == 130 and len(lines) == 1 and "continues it from its checkpoint" in lines[0]), err
+    assert (d / "checkpoint.pt").exists() and not (d / ".lock").exists()

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -29,6 +30,12 @@ def test_every_config_composes_and_validates(group, option):
         extra = ["model=cnn"]                       # DP-SGD refuses the default ResNet20's BatchNorm
     cfg = cfg_with(f"{group}={option}", *extra)
     OmegaConf.to_container(cfg, resolve=True)      # every interpolation resolves
+    absent = {"cuda": not torch.cuda.is_available(),
+              "mps": not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())}
+    if group == "device" and absent.get(option):   # a device this machine lacks is refused up front
+        with pytest.raises(ConfigError, match=f"device='{option}'; allowed: auto or cpu"):
+            validate(cfg)
+        return
     validate(cfg)
 
 

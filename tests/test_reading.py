@@ -83,6 +83,7 @@ def test_pass_run_resumes_from_a_pass_boundary(tmp_path, data_root):
     while t.k < 2:                                                # two passes, then as if killed
         t.record(*t.algo.round(t.step, t.x, t.clients))
     assert (tmp_path / "killed" / "checkpoint.pt").exists()
+    t.rundir.release()                          # a killed process's lock names a dead pid and is taken over
     run(cfg, tmp_path / "killed")
     run(cfg, tmp_path / "whole")
     a, b = (pd.read_csv(tmp_path / d / "metrics.csv").drop(columns="wall_time") for d in ("whole", "killed"))

@@ -78,6 +78,21 @@ def test_every_id_composes_under_both_profiles():
     assert slugs.replace("\\", " ").split() == [t.slug for t in targets.TARGETS.values()]
 
 
+def test_run_missing_leaves_a_run_another_live_process_holds(tmp_path):
+    """A store folder without a summary is cleared and run again, unless a live process holds it (two
+    drivers at once): then it is left to that process, untouched."""
+    import os
+    import socket
+
+    d = tmp_path / "k0"
+    d.mkdir()
+    (d / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": "now"}))
+    (d / "metrics.csv").write_text("round\n0\n")
+    logs = []
+    assert store.run_missing([store.Job({}, [*TINY], key="k0")], tmp_path, log=logs.append) == {}
+    assert (d / "metrics.csv").read_text() == "round\n0\n" and "held by another live process" in logs[0]
+
+
 def test_run_missing_trains_only_what_is_missing_and_records_failures(tmp_path, data_root, monkeypatch):
     monkeypatch.setenv("NORMFL_DATA", str(data_root))
     jobs = [store.Job({}, [*TINY, f"seed={s}"], key=f"k{s}") for s in (0, 1)]
@@ -157,10 +172,10 @@ def test_report_status_follows_the_tolerance():
 
 
 def test_report_names_the_text_profile_where_it_exists(tmp_path):
-    t2 = "\n".join(report.section(targets.get("normec-t2"), tmp_path))
-    assert "- status: **not run**" in t2
-    assert "`make normec-t2 profile=text` (0/32 runs stored" in t2 and "`make normec-t2` (0/32" in t2
-    assert "profile=text" not in "\n".join(report.section(targets.get("alidpfl-t2"), tmp_path))
+    f2 = "\n".join(report.section(targets.get("fednormec-f2"), tmp_path))
+    assert "- status: **not run**" in f2
+    assert "`make fednormec-f2 profile=text` (0/9 runs stored" in f2 and "`make fednormec-f2` (0/9" in f2
+    assert "profile=text" not in "\n".join(report.section(targets.get("normfedavg-t6"), tmp_path))
     assert figures.x_axis(pd.DataFrame({"reading": ["pass", "pass"]})) == "pass over each client's shard"
     assert figures.x_axis(pd.DataFrame({"reading": ["text"]})) == "communication round"
 
