@@ -206,6 +206,8 @@ def test_a_live_run_holds_its_directory(tmp_path, data_root):
         assert json.loads((d / ".lock").read_text())["pid"] == first.pid
         line = refused(d / ".hydra", data_root, ["rounds=100000"], f"held by pid {first.pid}", d)
         assert "hydra.run.dir=" in line and first.poll() is None            # still running
+        refused(d / ".hydra", data_root, ["rounds=-1"], "rounds=-1", d)      # refused before the lock: touches nothing
+        assert {".lock", "metrics.csv", "partition.csv"} <= set(os.listdir(d))
         first.send_signal(signal.SIGINT)
         assert first.wait(120) == 130, first.stderr.read()
     finally:

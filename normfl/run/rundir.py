@@ -65,7 +65,7 @@ class RunDir:
         log = self.path / log_name if log_name else None
         self.log_size = log.stat().st_size if log is not None and log.is_file() else None
 
-    def claim(self, key: str, resume: bool) -> None:
+    def claim(self, key: str) -> None:
         """Take the lock, then refuse a directory holding another config's run (ConfigError)."""
         self.path.mkdir(parents=True, exist_ok=True)
         lock = self.path / LOCK
@@ -131,14 +131,17 @@ class RunDir:
             self.held = False
 
     def discard(self) -> None:
-        """Undo this invocation: remove what it created, cut the log back, release the lock."""
+        """Undo this invocation: release the lock and, if it held the directory, remove what it created and
+        cut the log back (never when refused before: another run may be writing there); then remove the
+        directory if it was empty."""
+        held = self.held
         self.release()
         if not self.path.is_dir():
             return
-        for name in set(os.listdir(self.path)) - (self.before or set()):
+        for name in set(os.listdir(self.path)) - (self.before or set()) if held else ():
             p = self.path / name
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
-        if self.log_size is not None:
+        if held and self.log_size is not None:
             with open(self.path / self.log_name, "r+b") as fh:
                 fh.truncate(self.log_size)
         if not self.before:

@@ -159,7 +159,7 @@ def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: b
     try:
         validate(cfg)
         key = config_key(cfg)
-        d.claim(key, cfg.resume)
+        d.claim(key)
         if cfg.resume and (done := finished(out_dir, key)):
             log.info("%s already holds this config's finished run (resume=false reruns it)", out_dir)
             d.release()
