@@ -247,3 +247,13 @@ def test_ctrl_c_says_how_to_resume(tmp_path, data_root):
         f"normfl: interrupted; the same command continues it from its checkpoint (round 20) in {d}"] or (
         proc.returncode == 130 and len(lines) == 1 and "continues it from its checkpoint" in lines[0]), err
     assert (d / "checkpoint.pt").exists() and not (d / ".lock").exists()
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_a_calibrated_run_never_spends_more_than_asked(accountant, tmp_path, data_root):
+    """Defect 8, from the user's side: the ε a run certifies for its noise is at most the ε it was given."""
+    d = tmp_path / "run"
+    assert train(data_root, d, "algo=dp_normec", "privacy.calibration=accountant", f"accountant={accountant}",
+                 "privacy.epsilon=1")[0] == 0
+    privacy = json.loads((d / "summary.json").read_text())["privacy"]
+    assert privacy["target_epsilon"] == 1 and 0.99 < privacy[f"epsilon_{accountant}"] <= 1
