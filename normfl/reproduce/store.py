@@ -182,11 +182,14 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
     from normfl.run.rundir import holder
 
     skip = FINISHED if retry_failed else (*FINISHED, "failed")
-    todo = [job for job in job_list if status(job.dir(store)) not in skip]
-    busy = [job for job in todo if holder(job.dir(store))]       # a live run elsewhere: never cleared
-    for job in busy:
-        log(f"  running  {job.key}: held by another live process ({holder(job.dir(store))}); left to it")
-    todo = [job for job in todo if job not in busy]
+    todo = []
+    for job in job_list:
+        if status(job.dir(store)) in skip:
+            continue
+        if held := holder(job.dir(store)):                       # a live run elsewhere: never cleared
+            log(f"  running  {job.key}: held by another live process ({held}); left to it")
+        else:
+            todo.append(job)
     threads = threads or max(1, (os.cpu_count() or 1) // parallel)
     groups: dict[str, list[Job]] = {}
     for job in todo:                       # a job without its config (made by hand) trains alone

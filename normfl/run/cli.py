@@ -15,12 +15,11 @@ from omegaconf import DictConfig
 
 from normfl import checkpoint
 from normfl.config import config_key
-from normfl.results import write_atomic
+from normfl.results import FINISHED, write_atomic
 from normfl.run.training import INPUT_ERRORS, record_failure, run
 
 log = logging.getLogger("normfl")
 OUTCOMES = ".normfl-jobs"                      # a sweep's job outcomes, in its directory until it ends
-OK = ("completed", "diverged")                 # a diverged run is a result, recorded as such
 
 
 def main(cfg: DictConfig) -> dict | None:
@@ -82,7 +81,7 @@ class SweepReport(Callback):
             return
         counts = {s: sum(o["status"] == s for o in jobs) for s in dict.fromkeys(o["status"] for o in jobs)}
         print("normfl sweep: " + ", ".join(f"{n} {s}" for s, n in counts.items()), file=sys.stderr)
-        bad = [o for o in jobs if o["status"] not in OK]
+        bad = [o for o in jobs if o["status"] not in FINISHED]     # a diverged run is a result
         for o in bad:
             print(f"  job {o['job']} {o['status']}: {o['overrides']}", file=sys.stderr)
         if bad:

@@ -92,17 +92,15 @@ class RunDir:
                               f"it holds a run of config {other}, which is never overwritten")
 
     def owner(self) -> str | None:
-        """The config key of the run already in the directory: its summary's, its checkpoint's, or its
-        recorded config's; None if it holds none."""
+        """The config key of the run already in the directory: its summary's, its recorded config's, or
+        (a directory from before runs recorded their config on acceptance) its checkpoint's; None if it
+        holds none. The checkpoint, the largest of them, is read only when nothing else says."""
         try:
             summary = json.loads((self.path / "summary.json").read_text())
             if summary.get("config_key"):
                 return summary["config_key"]
         except (OSError, ValueError):
             pass
-        key = checkpoint.owner(self.path)
-        if key is not None:
-            return key
         cfg_file = self.path / ".hydra" / "config.yaml"
         if cfg_file.is_file():
             from normfl.config import config_key
@@ -111,7 +109,7 @@ class RunDir:
                 return config_key(OmegaConf.load(cfg_file))
             except Exception:                                # unreadable: somebody's, not ours
                 return "an unreadable .hydra/config.yaml"
-        return None
+        return checkpoint.owner(self.path)
 
     def record(self, cfg: DictConfig, overrides: list[str] | None = None, hydra_cfg: DictConfig | None = None) -> None:
         """Write the accepted run's ``.hydra/`` (config, overrides, Hydra's settings when known)."""

@@ -143,7 +143,6 @@ class Training:
                          "python": platform.python_version()},
         })
         checkpoint.remove(self.out_dir)                      # the summary now stands for the run
-        self.rundir.release()
         return summary
 
 
