@@ -4,14 +4,14 @@
 class ConfigError(ValueError):
     """A bad config value, refused before any training: names the key, the value and what is allowed."""
 
-    def __init__(self, key: str, value, allowed: str):
+    def __init__(self, key: str, value, allowed: str, message: str | None = None):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
+        super().__init__(message or f"invalid config: {key}={value!r}; allowed: {allowed}")
 
 
 class DataError(ConfigError):
     """A bad data file (``dataset=npz``): names the file, the array, the problem and what is allowed."""
 
     def __init__(self, path, array: str, problem: str, allowed: str):
-        ValueError.__init__(self, f"invalid data: {path}: {array}: {problem}; allowed: {allowed}")
-        self.key, self.value, self.allowed = "dataset.path", str(path), allowed
+        super().__init__("dataset.path", str(path), allowed,
+                         f"invalid data: {path}: {array}: {problem}; allowed: {allowed}")
