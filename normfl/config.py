@@ -19,6 +19,7 @@ from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, U
 from normfl.algorithms.tau import T_MODES, TAU_RULES
 from normfl.data.clients import ORACLES
 from normfl.data.sources import SPLITS
+from normfl.data.transforms import SCALES
 from normfl.engine import BACKENDS, PRECISIONS
 from normfl.engine.flat import pick_device
 from normfl.errors import ConfigError
@@ -64,6 +65,8 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", integer=True)
     _number(cfg, "batch_size", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
+    _number(cfg, "eval_subset", lambda v: 0 < v <= 1, "null (the whole test set) or a number in (0, 1]",
+            optional=True)
     _number(cfg, "threads", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
     _choice(cfg, "eval_train", (True, False), optional=False)
     _number(cfg, "checkpoint_every", lambda v: v >= 0, "an integer >= 0 (0: no checkpoints)", integer=True)
@@ -144,6 +147,8 @@ def validate(cfg: DictConfig) -> None:
 
     _choice(cfg, "dataset.split", SPLITS, optional=False)
     _number(cfg, "dataset.holdout_fraction", lambda v: 0 < v < 1, "a number in (0, 1)")
+    _choice(cfg, "dataset.scale", SCALES)
+    _choice(cfg, "partition.capped", (True, False))
     for key in ("dataset.train_limit", "dataset.test_limit"):
         _number(cfg, key, lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
     _choice(cfg, "model.norm", ("batch", "group"))
@@ -215,6 +220,8 @@ def _validate_dpfl(cfg: DictConfig) -> None:
     _number(cfg, "algo.tau", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "algo.tau_cap", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "algo.rc_override", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
+    _number(cfg, "algo.divisor", lambda v: v > 0, "null (each client's expected batch q·|D_i|) or a number > 0",
+            optional=True)
     _number(cfg, "algo.lambda_const", lambda v: 0 < v < 1, "null or a number in (0, 1)", optional=True)
     _number(cfg, "algo.omega_const", lambda v: v > 0, "null or a number > 0", optional=True)
     _choice(cfg, "algo.adaptive", (True, False), optional=False)
@@ -244,7 +251,8 @@ def validate_data(cfg: DictConfig, parts) -> None:
 NOT_IN_KEY = ("hydra", "grid", *GRID_PROFILES, "threads", "progress", "backend", "device", "logger",
               "data_root", "offline_data", "save_params", "checkpoint_every", "resume", "deterministic")
 
-KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds"}
+KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
+                "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False}
 
 
 def config_key(cfg: DictConfig) -> str:
@@ -255,7 +263,7 @@ def config_key(cfg: DictConfig) -> str:
         node = data
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and node.get(last) == default:
+        if isinstance(node, dict) and last in node and node[last] == default:
             del node[last]
     text = json.dumps(data, sort_keys=True, default=str)
     return f"{cfg.algo.name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"

@@ -4,6 +4,13 @@ Every round all N clients start from the global model ŵ(k) and run τ DP-SGD st
 data (Poisson batches at rate q, per-sample clipping to C, Gaussian noise σC on the sum, step η;
 ``local.local_dpsgd``). The server averages the local models with weights |D_i|/|D| (line 16).
 
+The sum of clipped noisy gradients is divided by client i's expected batch q·|D_i| (spec A.2), or
+by ``divisor`` for every client when set: the authors' code divides by its ``batch_size`` argument
+(default 64), which Poisson sampling otherwise leaves unused (XinpengLing/ALI-DPFL,
+system/flcore/clients/clientdpfl.py line 33 passes it as ``minibatch_size``;
+system/flcore/optimizers/dp_optimizer.py line 107 scales the sum by 1/minibatch_size). The step is
+then η·q|D_i|/divisor times the text's.
+
 Budgets (spec A.6, A.7, C-A13): the server has R_s = ``rounds`` rounds; each client's privacy
 budget (``privacy.epsilon``, ``privacy.delta``) supports R_c DP-SGD steps by the paper's
 accountant. All clients take the same number of steps, so T_used, the steps taken so far, is each
@@ -37,10 +44,11 @@ class DPFL(Algorithm):
 
     def __init__(self, lr=0.5, sigma=1.1, clip=0.1, sample_rate=0.015, tau=1, adaptive=False,
                  rc_method="bisect_tol", rc_override=None, tau_rule="g_bound_v1", T_mode="static", tau_cap=100,
-                 lambda_const=None, omega_const=None, name="dpfl"):
+                 lambda_const=None, omega_const=None, divisor=None, name="dpfl"):
         super().__init__(gamma=lr, beta=1.0, private=True, name=name)
         self.lr, self.sigma, self.clip, self.q = float(lr), float(sigma), float(clip), float(sample_rate)
         self.tau, self.adaptive = int(tau), bool(adaptive)
+        self.divisor = None if divisor is None else float(divisor)
         self.rc_method, self.rc_override = rc_method, rc_override
         self.selector_args = {"rule": tau_rule, "T_mode": T_mode, "tau_cap": int(tau_cap),
                               "lambda_const": lambda_const, "omega_const": omega_const}
@@ -55,9 +63,10 @@ class DPFL(Algorithm):
         self.dim, self.used, self.tau_next, self.selector = x0.numel(), 0, (1 if self.adaptive else self.tau), None
 
     def _start(self, clients: Clients, device, dtype) -> None:
-        """What needs the clients' shard sizes: the weights |D_i|/|D|, the expected batches and the selector."""
+        """What needs the clients' shard sizes: the weights |D_i|/|D|, the divisors and the selector."""
         sizes = torch.tensor([len(p) for p in clients.data.parts], dtype=dtype, device=device)
-        self.weights, self.batch = sizes / sizes.sum(), self.q * sizes
+        self.weights = sizes / sizes.sum()
+        self.batch = self.q * sizes if self.divisor is None else torch.full_like(sizes, self.divisor)
         if self.adaptive:
             noise = noise_constant(self.dim, self.sigma, self.clip, float(self.batch.min()))
             self.selector = TauSelector(self.lr, noise, self.R_s, self.R_c, clip=self.clip, sigma=self.sigma,

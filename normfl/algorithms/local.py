@@ -79,7 +79,7 @@ def local_dpsgd(x: torch.Tensor, clients: Clients, steps: int, lr: float, clip: 
 
         g̃ = (Σ_s clip(∇ℓ(w; s)) + N(0, σ²C² I)) / B,   w = w - η g̃,
 
-    with B = ``batch[i]``, client i's expected batch size q·|D_i| (spec A.2). Returns ([n, d] final
+    with B = ``batch[i]``: client i's expected batch size q·|D_i| (spec A.2), or a set divisor. Returns ([n, d] final
     models, [n] mean losses of the first step's batches, the last step's batches, and the models
     that step started from)."""
     W, loss, batches, before = x, None, None, x

@@ -18,15 +18,16 @@ ORACLES = ("minibatch", "full")
 
 
 class Preprocess:
-    """uint8 (or float) batch -> normalised float batch on the device, with optional crop+flip."""
+    """uint8 (or float) batch -> normalised float batch on the device, with optional crop+flip
+    (``scale``: transforms.SCALES)."""
 
-    def __init__(self, mean, std, device: torch.device):
-        self.mean, self.std, self.device = tuple(mean), tuple(std), device
+    def __init__(self, mean, std, device: torch.device, scale: str = "unit"):
+        self.mean, self.std, self.device, self.scale = tuple(mean), tuple(std), device, scale
 
     def __call__(self, xb: torch.Tensor, augment_gen: torch.Generator | None = None) -> torch.Tensor:
         if augment_gen is not None:       # on raw pixels, so padding is black as in Idelbayev's pipeline
             xb = augment_crop_flip(xb, augment_gen)
-        return normalize(xb, self.mean, self.std).to(self.device, non_blocking=True)
+        return normalize(xb, self.mean, self.std, self.scale).to(self.device, non_blocking=True)
 
 
 class ClientData:

@@ -54,11 +54,15 @@ def shards(
 
 
 def dirichlet(
-    labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_size: int = 1, max_tries: int = 100
+    labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_size: int = 1, max_tries: int = 100,
+    capped: bool = False,
 ) -> list[np.ndarray]:
     """Per class, split its shuffled indices by proportions ~ Dir(alpha).
 
-    Redraws (up to `max_tries` times) until every client has at least `min_size` samples.
+    Redraws (up to `max_tries` times) until every client has at least `min_size` samples. With
+    ``capped``, a client that already holds N/num_clients samples gets none of the later classes (the
+    rule of the ALI-DPFL authors' split, XinpengLing/ALI-DPFL dataset/utils/dataset_utils.py line 108,
+    which redraws until every client holds at least num_classes samples, lines 101-112).
     """
     labels = np.asarray(labels)
     n = len(labels)
@@ -73,7 +77,11 @@ def dirichlet(
         parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
         for c in classes:
             idx = rng.permutation(np.flatnonzero(labels == c))
-            cuts = (np.cumsum(rng.dirichlet(np.full(num_clients, alpha))) * len(idx)).astype(np.int64)[:-1]
+            share = rng.dirichlet(np.full(num_clients, alpha))
+            if capped:
+                share = share * (np.array([sum(map(len, part)) for part in parts]) < n / num_clients)
+                share = share / share.sum()
+            cuts = (np.cumsum(share) * len(idx)).astype(np.int64)[:-1]
             for k, piece in enumerate(np.split(idx, cuts)):
                 parts[k].append(piece)
         out = [np.concatenate(p).astype(np.int64) for p in parts]

@@ -29,7 +29,7 @@ from normfl.errors import DataError
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("standard", "holdout", "pooled")
+SPLITS = ("standard", "holdout", "pooled", "per_client")
 OFFLINE_ENV = "NORMFL_OFFLINE_DATA"
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_JPEG_ARCHIVE = "cifar10-jpeg.tar.xz"
@@ -105,21 +105,49 @@ def apply_split(split, x_train, y_train, x_test, y_test, holdout_fraction, split
 
     standard: the given train/test sets. holdout: NORMEC's split of the TRAIN set only.
     pooled: train+test pooled, then the same holdout split (NORMEC's `split_source=pooled`).
+    per_client: train+test pooled into the training set, the test set empty until the partition is
+    made; then ``client_test_split`` cuts each client's test piece from its share.
     """
     check_split(split)
     if split != "holdout" and x_test is None:
         raise ValueError(f"split={split!r} needs a test set, but there is none; use split='holdout'")
     if split == "standard":
         return x_train, y_train, x_test, y_test, client_ids
-    if split == "pooled":
+    if split in ("pooled", "per_client"):
         if client_ids is not None:
             raise ValueError(
-                "split='pooled' cannot be used with per-sample client ids (test samples have none)"
+                f"split={split!r} cannot be used with per-sample client ids (test samples have none)"
             )
         x_train, y_train = torch.cat([x_train, x_test]), torch.cat([y_train, y_test])
+    if split == "per_client":
+        return x_train, y_train, x_train[:0], y_train[:0], None
     tr, te = (torch.from_numpy(i) for i in holdout_indices(len(y_train), holdout_fraction, split_seed))
     clients = None if client_ids is None else client_ids[tr]
     return x_train[tr], y_train[tr], x_train[te], y_train[te], clients
+
+
+def client_test_split(ds: ArrayDataset, parts, holdout_fraction: float, split_seed: int):
+    """``split=per_client``: each client's samples, shuffled, keep ⌊(1 - f)·n_i⌋ for training and give
+    the rest to the test set, which is the clients' test pieces together. Returns the dataset with those
+    training and test sets and each client's indices into the new training set.
+
+    This is the ALI-DPFL authors' data pipeline (XinpengLing/ALI-DPFL, dataset/utils/dataset_utils.py:
+    train_size = 0.75 at line 8, split_data at lines 142-154, sklearn's train_test_split per client;
+    the server's test set joins the clients' pieces, dataset/generate_server_testset.py lines 10-22)."""
+    rng = np.random.default_rng(split_seed)
+    train, test = [], []
+    for p in parts:
+        p = rng.permutation(np.asarray(p))
+        keep = int(np.floor((1.0 - holdout_fraction) * len(p)))
+        train.append(p[:keep])
+        test.append(p[keep:])
+    if min(map(len, train)) == 0:
+        raise ValueError(f"holdout_fraction={holdout_fraction} leaves a client no training samples")
+    tr, te = (torch.from_numpy(np.concatenate(a).astype(np.int64)) for a in (train, test))
+    starts = np.cumsum([0] + [len(t) for t in train])
+    new_parts = [np.arange(a, b, dtype=np.int64) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    return replace(ds, x_train=ds.x_train[tr], y_train=ds.y_train[tr], x_test=ds.x_train[te],
+                   y_test=ds.y_train[te]), new_parts
 
 
 def _make(name, label, source, arrays, split, holdout_fraction, split_seed, mean, std, client_ids=None):

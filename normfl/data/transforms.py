@@ -7,12 +7,24 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+# How stored pixels become model input. unit: uint8 / 255, then (x - mean) / std (every paper's text).
+# raw: the 0-255 values as floats, no mean or std. The MindSpore port of ALI-DPFL trains on these: its
+# generate_fmnist.py (cheng-t/ALI-DPFL, dataset/, lines 49-56) builds a Normalize transform but drops
+# what ``map`` returns, so the saved arrays are the raw pixels.
+SCALES = ("unit", "raw")
 
-def normalize(x: torch.Tensor, mean: Sequence[float] = (), std: Sequence[float] = ()) -> torch.Tensor:
+
+def normalize(x: torch.Tensor, mean: Sequence[float] = (), std: Sequence[float] = (),
+              scale: str = "unit") -> torch.Tensor:
     """uint8 -> float32 in [0, 1]; then per-channel (x - mean) / std over dim 1 if `mean` is given.
 
-    Float input is only cast to float32 (no /255) before the optional normalization.
+    Float input is only cast to float32 (no /255) before the optional normalization. With
+    ``scale="raw"`` the values are only cast: uint8 pixels stay 0-255 and mean, std are not used.
     """
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not one of {SCALES}")
+    if scale == "raw":
+        return x.to(torch.float32)
     out = x.to(torch.float32) / 255.0 if x.dtype == torch.uint8 else x.to(torch.float32)
     if len(mean) != len(std):
         raise ValueError(f"mean {tuple(mean)} and std {tuple(std)} must have the same length")

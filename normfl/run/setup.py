@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 from dataclasses import dataclass
@@ -13,9 +14,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from normfl.config import ConfigError, validate_data
-from normfl.data import ClientData, Preprocess
+from normfl.data import ClientData, Preprocess, client_test_split
 from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
 from normfl.privacy import Privacy
+
+log = logging.getLogger(__name__)
 
 
 def _kind(node: DictConfig) -> str:
@@ -25,7 +28,7 @@ def _kind(node: DictConfig) -> str:
 
 def build_data(cfg: DictConfig):
     """The dataset (with its label) and the client partition, as the config says."""
-    extra = ("augment", "train_limit", "test_limit")
+    extra = ("augment", "train_limit", "test_limit", "scale")
     ds_cfg = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k not in extra}
     try:
         ds = instantiate(ds_cfg)
@@ -46,6 +49,13 @@ def build_data(cfg: DictConfig):
             parts = split(ds.y_train.numpy(), num_clients=cfg.clients, seed=cfg.seed)
     except ValueError as err:  # the partition cannot be made from this data
         raise ConfigError("partition", _kind(cfg.partition), str(err)) from err
+    if ds.split == "per_client":                # each client's test piece, cut from its share
+        try:
+            ds, parts = client_test_split(ds, parts, cfg.dataset.holdout_fraction, cfg.dataset.split_seed)
+        except ValueError as err:
+            raise ConfigError("dataset.holdout_fraction", cfg.dataset.holdout_fraction, str(err)) from err
+        ds = ds.head(None, cfg.dataset.test_limit)
+        log.info("per-client split: %d train / %d test", len(ds.y_train), len(ds.y_test))
     return ds, parts
 
 
@@ -131,7 +141,7 @@ def _prepared_data(cfg: DictConfig, device: torch.device):
     """(dataset, partition, preprocessing, training inputs, test inputs): without augmentation the inputs
     are normalized once, on the run's device, so that a batch is a gather."""
     ds, parts = build_data(cfg)
-    prep = Preprocess(ds.mean, ds.std, device)
+    prep = Preprocess(ds.mean, ds.std, device, cfg.dataset.get("scale", "unit"))
     x_train, x_test = ds.x_train, ds.x_test
     if not cfg.dataset.augment:
         x_train, x_test, prep = prep(x_train), prep(x_test), Preprocess((), (), device)

@@ -19,12 +19,14 @@ import normfl
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, validate
 from normfl.data import label_histogram
+from normfl.ops import round_generator
 from normfl.results import FINISHED, Recorder, write_atomic
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build
 
 log = logging.getLogger("normfl")
 INPUT_ERRORS = (ConfigError, FileNotFoundError)
+EVAL_STREAM = 3                                  # round_generator streams: 0, 1 noise and sampling, 2 DP-SGD
 
 
 class Training:
@@ -66,8 +68,10 @@ class Training:
                         dynamic_ncols=True)
 
     def evaluate(self, row: dict, at: torch.Tensor, releases: int) -> None:
-        s = self.setup
-        row["test_loss"], row["test_acc"] = s.flat.evaluate(at, s.x_test, s.ds.y_test, s.prep)
+        s, x_test, y_test = self.setup, self.setup.x_test, self.setup.ds.y_test
+        if self.cfg.get("eval_subset"):                      # a fresh random part of the test set each time
+            x_test, y_test = eval_subset(x_test, y_test, self.cfg.eval_subset, self.cfg.seed, row["round"])
+        row["test_loss"], row["test_acc"] = s.flat.evaluate(at, x_test, y_test, s.prep)
         if self.cfg.eval_train:
             row["full_train_loss"], _ = s.flat.evaluate(at, self.clients.data.x, s.ds.y_train, s.prep)
         if self.algo.private:
@@ -198,6 +202,16 @@ def finished(out_dir: Path, key: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return summary if summary.get("config_key") == key and summary.get("status") in FINISHED else None
+
+
+def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, round_: int):
+    """⌊fraction·|test|⌋ test samples drawn without replacement, afresh for each (seed, round). The ALI-DPFL
+    authors' server scores each round on a fresh random 20% of its test set (XinpengLing/ALI-DPFL,
+    system/utils/data_utils.py lines 112-115, called with q=0.2 at system/flcore/servers/serverdpfl.py
+    line 167); their loader also drops the last partial batch of 64, which is not copied here."""
+    idx = torch.randperm(len(y), generator=round_generator(seed, EVAL_STREAM, round_, "cpu"))
+    idx = idx[:max(1, int(fraction * len(y)))].sort().values
+    return x[idx.to(x.device)], y[idx]
 
 
 def peak_rss_mb() -> float | None:

@@ -1,0 +1,93 @@
+"""ALI-DPFL on Fashion-MNIST at R_c = 177 DP-SGD steps (budget=e175_r177: ε = 1.75, R_s = R_c): the
+paper's text against the authors' code, one setting at a time and all together (issue 19).
+
+    python scripts/ali_readings.py run outputs/ali-readings [--parallel 2] [--only code_t1 ...]
+    python scripts/ali_readings.py table outputs/ali-readings > docs/reproduction/alidpfl-readings.md
+
+``run`` trains each run below that has no finished summary in OUT/<name> (one CPU thread per process);
+``table`` prints the final (and, for the code reading, best-round) test accuracy of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "experiment=alidpfl_fmnist eval_every=25"
+CODE = "experiment=alidpfl_authors_code"
+# setting: (what it is, its overrides); each runs with ALI-DPFL ("ali") and fixed τ ("t1".."t5")
+SETTINGS = {
+    "text": ("the paper's text (stored paper-profile runs of make alidpfl-t2 hold the rest)", TEXT),
+    "div64": ("text, the noisy sum divided by 64 (algo.divisor=64)", f"{TEXT} algo.divisor=64"),
+    "raw": ("text, raw 0-255 pixels (dataset.scale=raw)", f"{TEXT} dataset.scale=raw"),
+    "split": ("text, the authors' split: Dirichlet(1) over the merged 70k, 75/25 per client",
+              f"{CODE} algo.divisor=null eval_subset=null eval_every=25"),
+    "code": ("the authors' code: split, divisor 64, a fresh 20% of the test set every round", CODE),
+    "coderaw": ("the code with raw pixels (the MindSpore port)", f"{CODE} dataset.scale=raw"),
+    "code_div16": ("the code with divisor 16", f"{CODE} algo.divisor=16"),
+}
+METHODS = {"ali": "", **{f"t{t}": f"algo=dpfl algo.tau={t}" for t in range(1, 6)}}
+RUNS = {  # name: overrides; the settings and methods measured (docs/reproduction/alidpfl-readings.md)
+    f"{s}_{m}": f"{SETTINGS[s][1]} {METHODS[m]}".strip()
+    for s, ms in {"text": ["t1", "t3", "t5"], "div64": ["t1", "t5"], "raw": ["t1"], "split": ["t1", "t5"],
+                  "code": list(METHODS), "coderaw": ["t1"], "code_div16": ["t1"]}.items() for m in ms
+}
+PAPER = {"ali": 82.02, "t1": 81.94, "t2": 81.48, "t3": 81.26, "t4": 79.17, "t5": 79.64}   # Table II, R_s=R_c, ε=1.75
+
+
+def summary(out: Path, name: str) -> dict | None:
+    try:
+        s = json.loads((out / name / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return s if s.get("status") in ("completed", "diverged") else None
+
+
+def run_one(out: Path, name: str) -> str:
+    cmd = [sys.executable, "train.py", *RUNS[name].split(), "budget=e175_r177", "threads=1", "progress=false",
+           f"hydra.run.dir={out / name}"]
+    with open(out / f"{name}.log", "w") as log:
+        rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    return f"{name}: exit {rc}"
+
+
+def table(out: Path) -> str:
+    def cell(setting, m, key="final_test_acc"):
+        s = summary(out, f"{setting}_{m}")
+        return "–" if s is None or s.get(key) is None else f"{100 * s[key]:.2f}"
+
+    lines = ["| setting | " + " | ".join("ALI-DPFL" if m == "ali" else f"τ = {m[1]}" for m in METHODS) + " |",
+             "|---|" + "---|" * len(METHODS),
+             "| paper, Table II | " + " | ".join(f"{PAPER[m]:.2f}" for m in METHODS) + " |"]
+    for s, (what, _) in SETTINGS.items():
+        lines.append(f"| {what} | " + " | ".join(cell(s, m) for m in METHODS) + " |")
+        if s.startswith("code"):
+            lines.append("| … best round | " + " | ".join(cell(s, m, "best_test_acc") for m in METHODS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("run", "table"))
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--only", nargs="*", choices=sorted(RUNS), default=None)
+    args = ap.parse_args(argv)
+    out = args.out.resolve()
+    if args.what == "table":
+        print(table(out))
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [n for n in (args.only or RUNS) if summary(out, n) is None]
+    with ThreadPoolExecutor(args.parallel) as pool:
+        for line in pool.map(lambda n: run_one(out, n), todo):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
