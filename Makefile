@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
-# Paper figures and tables (see REPRODUCTION.md): make <id> [profile=paper|text|quick] [parallel=N] [stack=N]
+# Paper figures and tables (see REPRODUCTION.md): make <id> [profile=paper|text|code|quick] [parallel=N] [stack=N]
 profile  ?= paper
 parallel ?= 1
 stack    ?=
@@ -56,6 +56,7 @@ all-figures: $(STAMP)      ## every figure/table's grid that has the profile (lo
 figures: $(STAMP)          ## redraw every figure/table of every profile from stored runs, no training
 	$(REPRODUCE) figures --profile paper
 	$(REPRODUCE) figures --profile text
+	$(REPRODUCE) figures --profile code
 	$(REPRODUCE) figures --profile quick
 
 alidpfl-readings: $(STAMP) ## ALI-DPFL at R_c = 177: the paper's text vs the authors' code, setting by setting

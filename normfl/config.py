@@ -28,7 +28,7 @@ from normfl.privacy.sgm import METHODS as RC_METHODS
 
 EPSILON_MAX = 100.0                         # the largest privacy.epsilon a run takes
 READINGS = ("text", "pass")                 # what one round is (NORMEC spec A2); see conf/config.yaml
-GRID_PROFILES = ("paper", "text", "quick")  # the settings a figure's grid runs with (make <id> profile=...)
+GRID_PROFILES = ("paper", "text", "code", "quick")  # the settings a figure's grid runs with (make <id> profile=...)
 PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's grid, or by hand
 
 

@@ -65,8 +65,23 @@ def test_paper_profile_reads_a_round_as_a_pass_and_text_keeps_the_literal_readin
             validate(job.cfg)
     assert {j.cfg.reading for j in store.jobs("normec_t2", "quick")} == {"text"}
     assert store.has_profile("normec_t2", "text") and not store.has_profile("alidpfl_t2", "text")
-    with pytest.raises(ConfigError, match=r"profile='text'; allowed: paper \| quick for alidpfl_t2"):
+    with pytest.raises(ConfigError, match=r"profile='text'; allowed: paper \| code \| quick for alidpfl_t2"):
         store.jobs("alidpfl_t2", "text")
+
+
+def test_code_profile_runs_the_authors_code_on_the_fashion_mnist_cells():
+    """ALI-DPFL's code profile: the paper grid's Fashion-MNIST points under experiment=alidpfl_authors_code,
+    with keys of their own; IDs whose run groups define no code profile refuse it."""
+    code, paper = store.jobs("alidpfl_f6", "code"), store.jobs("alidpfl_f6", "paper")
+    fmnist = [j for j in paper if j.params["experiment"] == "alidpfl_fmnist"]
+    assert [j.params["budget"] for j in code] == [j.params["budget"] for j in fmnist] and len(code) == 6
+    assert {(j.cfg.dataset.split, j.cfg.algo.divisor, j.cfg.eval_subset, j.cfg.profile) for j in code} == {
+        ("per_client", 64, 0.2, "code")}
+    assert not {j.key for j in code} & {j.key for j in paper}
+    validate(code[0].cfg)
+    assert not store.has_profile("normec_t2", "code")
+    with pytest.raises(ConfigError, match=r"profile='code'; allowed: paper \| quick for normfedavg_t6"):
+        store.jobs("normfedavg_t6", "code")
 
 
 def test_every_id_composes_under_both_profiles():

@@ -96,8 +96,8 @@ def caption(df: pd.DataFrame, profile: str) -> str:
     parts.append("data: " + (", ".join(sorted(set(done["data"].dropna()))) if "data" in done else "none yet"))
     if profile == "quick":
         parts.append("a scaled run: its numbers are not comparable with the paper's")
-    if profile == "text":
-        parts.append("the text's literal reading of a round, one minibatch step per client (spec A2)")
+    if profile in store.OPTIONAL_PROFILES:
+        parts.append(store.OPTIONAL_PROFILES[profile])
     return "; ".join(parts)
 
 

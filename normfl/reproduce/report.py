@@ -22,6 +22,8 @@ is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
 - **text** (NORMEC and FEDNORMEC only): the text's literal reading of a round, one minibatch step
   per client, 300 steps, evaluated every 10 rounds. The runs made here before the paper profile
   took the pass reading are this profile's.
+- **code** (ALI-DPFL's Fashion-MNIST cells only): the authors' public code as it runs
+  (`experiment=alidpfl_authors_code`): their split, divisor and evaluation, each a named option.
 - **quick**: a scaled version for this CPU (fewer rounds, grid points and seeds; a test subset),
   defined in the experiment files' `quick:` blocks. Its numbers are not compared with the paper's.
 
@@ -29,7 +31,7 @@ Data: CIFAR-10 results come from the JPEG copy in `../shared/data` (labelled so 
 summary); Fashion-MNIST is exact. Status, from the paper profile's runs: **reproduced** (every
 compared number within the tolerance), **deviates** (cause given), **partial** (some runs of the grid
 not trained yet; the comparison covers the stored ones), **drawn** (the paper prints no number for
-it), **text / quick profile only**, **not run**. Wall times are the sum over a grid's stored runs.
+it), **text / code / quick profile only**, **not run**. Wall times are the sum over a grid's stored runs.
 """
 
 
@@ -65,9 +67,9 @@ def _versus(t: targets.Target, comp) -> str | None:
 
 def section(t: targets.Target, store_dir: Path) -> list[str]:
     paper_df, _, comp, _ = figures.compare(t, "paper", store_dir)
-    text = figures.compare(t, "text", store_dir) if store.has_profile(t.experiment, "text") else None
+    extra = {p: figures.compare(t, p, store_dir) for p in store.OPTIONAL_PROFILES if store.has_profile(t.experiment, p)}
     quick_df = figures.runs(t, "quick", store_dir)
-    frames = {"paper": paper_df, **({"text": text[0]} if text else {}), "quick": quick_df}
+    frames = {"paper": paper_df, **{p: c[0] for p, c in extra.items()}, "quick": quick_df}
     status = _status(paper_df, comp, t.tolerance)
     if status == "not run":
         status = next((f"{p} profile only" for p, d in frames.items() if d.status.isin(store.FINISHED).any()),
@@ -76,13 +78,13 @@ def section(t: targets.Target, store_dir: Path) -> list[str]:
     if versus := _versus(t, comp):
         out.append(f"- ours vs paper: {versus}")
     deviating = status == "deviates" or _beyond(status, comp, t.tolerance)
-    if text:
-        text_status = _status(text[0], text[2], t.tolerance)
-        deviating |= text_status == "deviates" or _beyond(text_status, text[2], t.tolerance)
-        versus = _versus(t, text[2])
-        if text_status != "not run":
-            out.append(f"- text profile (a round read literally, one minibatch step per client; spec A2): "
-                       f"**{text_status}**" + (f"; ours vs paper: {versus}" if versus else ""))
+    for p, (df, _, p_comp, _) in extra.items():
+        p_status = _status(df, p_comp, t.tolerance)
+        deviating |= p_status == "deviates" or _beyond(p_status, p_comp, t.tolerance)
+        versus = _versus(t, p_comp)
+        if p_status != "not run":
+            out.append(f"- {p} profile ({store.OPTIONAL_PROFILES[p]}): **{p_status}**"
+                       + (f"; ours vs paper: {versus}" if versus else ""))
     diverged = {p: int((d.status == "diverged").sum()) for p, d in frames.items()}
     if any(diverged.values()):
         out.append("- diverged runs: " + ", ".join(f"{n} ({p} profile)" for p, n in diverged.items()))
