@@ -110,10 +110,9 @@ def _settings(cfg: DictConfig, profile: str) -> dict:
 
 
 OPTIONAL_PROFILES = {  # profiles only some run groups define, and what they read differently from the paper's
-    "text": "the text's literal reading of a round, one minibatch step per client (spec A2)",
-    "code": "the ALI-DPFL authors' code as it runs (experiment=alidpfl_authors_code): Dirichlet(1) over the "
-            "merged 70k with a 75/25 split per client, the noisy sum divided by 64, a fresh 20% of the test set "
-            "each round; Fashion-MNIST only",
+    "text": "a round read literally, one minibatch step per client; spec A2",
+    "code": "the ALI-DPFL authors' code as it runs: experiment=alidpfl_authors_code, their split, divisor 64 "
+            "and 20% test subsets; Fashion-MNIST only",
 }
 
 
@@ -150,7 +149,8 @@ def jobs(name: str, profile: str) -> list[Job]:
     out = []
     for point in grid_points(name, profile):
         overrides = [f"{k}={value_text(v)}" for k, v in point.items()]
-        settings = {**_settings(compose(tuple(overrides)), profile), **own}
+        group = compose((f"experiment={point['experiment']}",))      # its profile settings: one compose a group
+        settings = {**_settings(group, profile), **own}
         overrides += [f"{k}={value_text(v)}" for k, v in settings.items()] + [f"profile={profile}"]
         cfg = compose(tuple(overrides))
         out.append(Job(point, overrides, config_key(cfg), cfg))
