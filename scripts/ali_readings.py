@@ -2,16 +2,19 @@
 paper's text against the authors' code, one setting at a time and all together (issue 19).
 
     python scripts/ali_readings.py run outputs/ali-readings [--parallel 2] [--only code_t1 ...]
-    python scripts/ali_readings.py table outputs/ali-readings > docs/reproduction/alidpfl-readings.md
+    python scripts/ali_readings.py table outputs/ali-readings
+    python scripts/ali_readings.py gradnorm
 
 ``run`` trains each run below that has no finished summary in OUT/<name> (one CPU thread per process);
-``table`` prints the final (and, for the code reading, best-round) test accuracy of each.
+``table`` prints the final (and, for the code reading, best-round) test accuracy of each; ``gradnorm``
+the per-sample gradient norms of the initial CNN under both input scales.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -22,20 +25,22 @@ TEXT = "experiment=alidpfl_fmnist eval_every=25"
 CODE = "experiment=alidpfl_authors_code"
 # setting: (what it is, its overrides); each runs with ALI-DPFL ("ali") and fixed τ ("t1".."t5")
 SETTINGS = {
-    "text": ("the paper's text (stored paper-profile runs of make alidpfl-t2 hold the rest)", TEXT),
+    "text": ("the paper's text (experiment=alidpfl_fmnist)", TEXT),
     "div64": ("text, the noisy sum divided by 64 (algo.divisor=64)", f"{TEXT} algo.divisor=64"),
     "raw": ("text, raw 0-255 pixels (dataset.scale=raw)", f"{TEXT} dataset.scale=raw"),
     "split": ("text, the authors' split: Dirichlet(1) over the merged 70k, 75/25 per client",
               f"{CODE} algo.divisor=null eval_subset=null eval_every=25"),
     "code": ("the authors' code: split, divisor 64, a fresh 20% of the test set every round", CODE),
     "coderaw": ("the code with raw pixels (the MindSpore port)", f"{CODE} dataset.scale=raw"),
-    "code_div16": ("the code with divisor 16", f"{CODE} algo.divisor=16"),
+    "code_div16": ("the code with divisor 16 (the -lbs of its examples.sh)", f"{CODE} algo.divisor=16"),
+    "coderaw_div16": ("the code with raw pixels and divisor 16", f"{CODE} dataset.scale=raw algo.divisor=16"),
 }
 METHODS = {"ali": "", **{f"t{t}": f"algo=dpfl algo.tau={t}" for t in range(1, 6)}}
 RUNS = {  # name: overrides; the settings and methods measured (docs/reproduction/alidpfl-readings.md)
     f"{s}_{m}": f"{SETTINGS[s][1]} {METHODS[m]}".strip()
-    for s, ms in {"text": ["t1", "t3", "t5"], "div64": ["t1", "t5"], "raw": ["t1"], "split": ["t1", "t5"],
-                  "code": list(METHODS), "coderaw": ["t1"], "code_div16": ["t1"]}.items() for m in ms
+    for s, ms in {"text": ["t1", "t3", "t5"], "div64": ["t1", "t5"], "raw": ["t1", "t5"], "split": ["t1", "t5"],
+                  "code": list(METHODS), "coderaw": ["t1", "t5"], "code_div16": ["t1"],
+                  "coderaw_div16": ["t1"]}.items() for m in ms
 }
 PAPER = {"ali": 82.02, "t1": 81.94, "t2": 81.48, "t3": 81.26, "t4": 79.17, "t5": 79.64}   # Table II, R_s=R_c, ε=1.75
 
@@ -71,14 +76,48 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def gradnorm(n: int = 256) -> str:
+    """Median per-sample gradient norm of the initial CNN (seed 0) on the first n Fashion-MNIST training
+    images, and conv1's median share of its square, with inputs (x/255 - 0.5)/0.5 and raw 0-255."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    from normfl.data import load_fashion_mnist, normalize
+    from normfl.models import cnn
+
+    ds = load_fashion_mnist(os.environ.get("NORMFL_DATA", "data"),             # as conf/config.yaml finds them
+                            os.environ.get("NORMFL_OFFLINE_DATA", "../shared/data"), download=False)
+    x, y = ds.x_train[:n], ds.y_train[:n]
+    torch.manual_seed(0)
+    model = cnn((1, 28, 28), 10)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xb, yb):
+        return F.cross_entropy(functional_call(model, p, (xb[None],)), yb[None])
+
+    out = []
+    for scale in ("unit", "raw"):
+        g = vmap(grad(loss), in_dims=(None, 0, 0))(params, normalize(x, (0.5,), (0.5,), scale), y)
+        sq = {k: v.flatten(1).pow(2).sum(1) for k, v in g.items()}
+        total = sum(sq.values())
+        conv1 = (sq["0.weight"] + sq["0.bias"]) / total
+        out.append(f"{scale}: median per-sample gradient norm {total.sqrt().median():.3g}, "
+                   f"conv1's share of its square {conv1.median():.3f}")
+    return "\n".join(out)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("run", "table"))
-    ap.add_argument("out", type=Path)
+    ap.add_argument("what", choices=("run", "table", "gradnorm"))
+    ap.add_argument("out", type=Path, nargs="?", default=ROOT / "outputs" / "ali-readings")
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--only", nargs="*", choices=sorted(RUNS), default=None)
     args = ap.parse_args(argv)
     out = args.out.resolve()
+    if args.what == "gradnorm":
+        print(gradnorm())
+        return
     if args.what == "table":
         print(table(out))
         return

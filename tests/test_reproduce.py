@@ -186,6 +186,15 @@ def test_report_status_follows_the_tolerance():
     assert report._status(df, figures._comparison([]), 2.0).startswith("drawn")
 
 
+def test_report_sets_an_optional_profiles_cells_beside_the_paper_profiles():
+    paper = figures._comparison([("τ=1", 58.77, 81.94), ("τ=5", 58.32, 79.64)])
+    code = figures._comparison([("τ=1", 57.84, 81.94), ("τ=3", None, 81.26)])
+    assert report.side_by_side(paper, code, "code") == [
+        "| code profile's cells | paper | ours, paper profile | ours, code profile |", "|---|---|---|---|",
+        "| τ=1 | 81.94 | 58.77 | 57.84 |", ""]
+    assert report.side_by_side(paper, figures._comparison([]), "code") == []
+
+
 def test_report_names_the_text_profile_where_it_exists(tmp_path):
     f2 = "\n".join(report.section(targets.get("fednormec-f2"), tmp_path))
     assert "- status: **not run**" in f2

@@ -85,6 +85,7 @@ def section(t: targets.Target, store_dir: Path) -> list[str]:
         if p_status != "not run":
             out.append(f"- {p} profile ({store.OPTIONAL_PROFILES[p]}): **{p_status}**"
                        + (f"; ours vs paper: {versus}" if versus else ""))
+    side = [line for p, (_, _, p_comp, _) in extra.items() for line in side_by_side(comp, p_comp, p)]
     diverged = {p: int((d.status == "diverged").sum()) for p, d in frames.items()}
     if any(diverged.values()):
         out.append("- diverged runs: " + ", ".join(f"{n} ({p} profile)" for p, n in diverged.items()))
@@ -95,7 +96,19 @@ def section(t: targets.Target, store_dir: Path) -> list[str]:
     drawn = [f"`docs/reproduction/{p}/{t.slug}.*`" for p, d in frames.items() if d.status.isin(store.FINISHED).any()]
     if drawn:
         out.append(f"- figure/table: {', '.join(drawn)}")
-    return [*out, ""]
+    return [*out, "", *side]
+
+
+def side_by_side(comp, p_comp, profile: str) -> list[str]:
+    """The numbers an optional profile has compared with the paper's, beside the paper profile's own."""
+    ours = comp.set_index("what").ours.to_dict() if len(comp) else {}
+    rows = p_comp.dropna(subset=["ours"])
+    if rows.empty:
+        return []
+    lines = [f"| {profile} profile's cells | paper | ours, paper profile | ours, {profile} profile |",
+             "|---|---|---|---|"]
+    lines += [f"| {r.what} | {fmt(r.paper)} | {fmt(ours.get(r.what))} | {fmt(r.ours)} |" for r in rows.itertuples()]
+    return [*lines, ""]
 
 
 def _beyond(status: str, comp, tol: float) -> bool:
