@@ -13,7 +13,6 @@ the per-sample gradient norms of the initial CNN under both input scales.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -42,15 +41,23 @@ RUNS = {  # name: overrides; the settings and methods measured (docs/reproductio
                   "code": list(METHODS), "coderaw": ["t1", "t5"], "code_div16": ["t1"],
                   "coderaw_div16": ["t1"]}.items() for m in ms
 }
-PAPER = {"ali": 82.02, "t1": 81.94, "t2": 81.48, "t3": 81.26, "t4": 79.17, "t5": 79.64}   # Table II, R_s=R_c, ε=1.75
 
 
-def summary(out: Path, name: str) -> dict | None:
-    try:
-        s = json.loads((out / name / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return s if s.get("status") in ("completed", "diverged") else None
+def finished(out: Path) -> dict[str, dict]:
+    """The finished runs under ``out`` (normfl.collect's rows), by name."""
+    from normfl.collect import collect
+    from normfl.results import FINISHED
+
+    rows = collect(out).to_dict("records") if out.is_dir() else []
+    return {Path(r["run"]).name: r for r in rows if r["status"] in FINISHED}
+
+
+def paper(m: str) -> float:
+    """ALI Table II, Fashion-MNIST, R_s = R_c, ε = 1.75 (normfl/reproduce/paper_numbers.csv)."""
+    from normfl.reproduce.paper import paper_value
+
+    return paper_value("ALIDPFL-T2", dataset="fashion_mnist", block="R_s=R_c", column="epsilon=1.75",
+                       row="ali_dpfl" if m == "ali" else f"tau={m[1]}")
 
 
 def run_one(out: Path, name: str) -> str:
@@ -62,13 +69,15 @@ def run_one(out: Path, name: str) -> str:
 
 
 def table(out: Path) -> str:
+    done = finished(out)
+
     def cell(setting, m, key="final_test_acc"):
-        s = summary(out, f"{setting}_{m}")
-        return "–" if s is None or s.get(key) is None else f"{100 * s[key]:.2f}"
+        value = done.get(f"{setting}_{m}", {}).get(key)
+        return "–" if value is None else f"{100 * value:.2f}"
 
     lines = ["| setting | " + " | ".join("ALI-DPFL" if m == "ali" else f"τ = {m[1]}" for m in METHODS) + " |",
              "|---|" + "---|" * len(METHODS),
-             "| paper, Table II | " + " | ".join(f"{PAPER[m]:.2f}" for m in METHODS) + " |"]
+             "| paper, Table II | " + " | ".join(f"{paper(m):.2f}" for m in METHODS) + " |"]
     for s, (what, _) in SETTINGS.items():
         lines.append(f"| {what} | " + " | ".join(cell(s, m) for m in METHODS) + " |")
         if s.startswith("code"):
@@ -122,7 +131,8 @@ def main(argv=None) -> None:
         print(table(out))
         return
     out.mkdir(parents=True, exist_ok=True)
-    todo = [n for n in (args.only or RUNS) if summary(out, n) is None]
+    done = finished(out)
+    todo = [n for n in (args.only or RUNS) if n not in done]
     with ThreadPoolExecutor(args.parallel) as pool:
         for line in pool.map(lambda n: run_one(out, n), todo):
             print(line, flush=True)

@@ -116,5 +116,5 @@ def test_authors_code_run_trains_on_client_splits(tmp_path, data_root):
     summary = train(cfg, tmp_path)
     assert summary["status"] == "completed" and summary["split"] == "per_client"
     assert summary["train_size"] + summary["test_size"] == 2000 and 480 <= summary["test_size"] <= 510
-    hist = json.loads(json.dumps(summary))                                 # strict JSON, as written
+    hist = json.loads((tmp_path / "summary.json").read_text())            # strict JSON, as written
     assert hist["best_test_acc"] is not None and hist["final_round"] == 2

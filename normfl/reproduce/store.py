@@ -83,8 +83,8 @@ def grid_points(name: str, profile: str) -> list[dict]:
         raise ConfigError("profile", profile, " | ".join(PROFILES))
     spec = load_experiment(name)
     blocks = OmegaConf.to_container(spec.get("grid") or [{}], resolve=False)
-    own = OmegaConf.select(spec, f"{profile}.grid", default=None) if profile != "paper" else None
-    replace = OmegaConf.to_container(own) if own is not None else {}      # the profile's values in every block
+    values = OmegaConf.select(spec, f"{profile}.grid", default=None) if profile != "paper" else None
+    replace = OmegaConf.to_container(values) if values is not None else {}   # the profile's values in every block
     points = []
     for block in blocks:
         for experiment in replace.get("experiment", block.get("experiment", [name])):
