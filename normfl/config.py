@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES, PARTICIPATION
+from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES
 from normfl.algorithms.local import OPERATORS
 from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
 from normfl.algorithms.tau import T_MODES, TAU_RULES
@@ -23,6 +23,7 @@ from normfl.data.transforms import SCALES
 from normfl.engine import BACKENDS, PRECISIONS
 from normfl.engine.flat import pick_device
 from normfl.errors import ConfigError
+from normfl.ops import PARTICIPATIONS
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE_ON, RELATIONS
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
@@ -133,7 +134,7 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "algo.ig_batch_size", lambda v: v >= 1, "an integer >= 1", integer=True, optional=True)
     _choice(cfg, "algo.local_operator", OPERATORS)
     _choice(cfg, "algo.memory_update", MEMORY_UPDATES)
-    _choice(cfg, "algo.participation", PARTICIPATION)
+    _choice(cfg, "algo.participation", PARTICIPATIONS)
     _choice(cfg, "algo.bounding", BOUNDINGS)
     _choice(cfg, "algo.noise_by", ("client", "server"))
     if _get(cfg, "algo.participation") == "cohort":

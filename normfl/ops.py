@@ -1,13 +1,37 @@
-"""Shared parts of every algorithm: pure functions on tensors with a leading client axis.
+"""The parts every algorithm is built from: pure functions on tensors with a leading client axis.
 
 A "stack" is a ``[clients, d]`` tensor (one flat vector per client). Norms are one global l2 norm
-per row (spec normec.md §1.2), never per layer.
+per row (spec normec.md §1.2), never per layer. Four kinds of part, each used by every algorithm
+that needs it (the privatizers are in ``normfl.privacy.mechanisms``):
+
+- random streams: ``round_generator(seed, STREAM, round)``, one independent stream per use;
+- Ψ, the bounding operator a client applies to what it uploads (``bounding``);
+- participation: who takes part in a round and with which weight (``Participation``);
+- server steps: plain, normalized (``server_step``) and model averaging (``average``).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+
+# -- random streams: (seed, stream, round) -> a generator; one stream per use, never shared ------------------
+NOISE = 0            # privacy noise (and NFA's quantizer)
+PARTICIPATION = 1    # who takes part in a round
+DPSGD = 2            # ALI-DPFL's Poisson batches and DP-SGD noise
+EVALUATION = 3       # the test subset of ``eval_subset``
+
+
+def round_generator(seed: int, stream: int, round_: int, device) -> torch.Generator:
+    """A generator for one (seed, stream, round): independent streams for noise and participation."""
+    state = np.random.SeedSequence([seed, stream, round_]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator(device=device).manual_seed(int(state) & (2**63 - 1))
+
+
+# -- Ψ: bounding operators ---------------------------------------------------------------------------------
 
 
 def row_norms(v: torch.Tensor) -> torch.Tensor:
@@ -32,47 +56,58 @@ def normalize(v: torch.Tensor) -> torch.Tensor:
     return norm_alpha(v, 0.0)
 
 
-def server_step(x: torch.Tensor, direction: torch.Tensor, step: float, normalized: bool) -> torch.Tensor:
-    """x - step * direction, or x - step * direction / ||direction|| with server normalization."""
-    return x - step * (normalize(direction) if normalized else direction)
+BOUNDINGS = ("norm", "scaled_norm", "clip", "unit", "none")
 
 
-def round_generator(seed: int, stream: int, round_: int, device) -> torch.Generator:
-    """A generator for one (seed, stream, round): independent streams for noise and participation."""
-    state = np.random.SeedSequence([seed, stream, round_]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator(device=device).manual_seed(int(state) & (2**63 - 1))
+@dataclass(frozen=True)
+class Bounding:
+    """Ψ, what a client applies to its vector before it is released, and ``bound``, the largest norm of
+    Ψ's output (the release's sensitivity before any server-side weight):
 
-
-class GaussianNoise:
-    """Gaussian privatizer: adds N(0, std^2 I) to each row of a stack (or to one vector).
-
-    ``std`` is the per-coordinate standard deviation on the vector it is applied to; ``who`` says
-    whether each client adds its own noise ('client') or the server adds one draw ('server').
-    Draws come from a generator seeded by (seed, round), so a run is reproducible and every client
-    and round gets fresh noise. ``std = 0`` adds nothing and draws nothing.
+    - ``norm``: Norm_α (bound 1); the algorithm weights the release by β after it (α-NormEC,
+      Fed-α-NormEC: β multiplies Δ_i in the memories, outside Ψ);
+    - ``scaled_norm``: β Norm_α (bound β; β inside Ψ: FedAvg's and DP-SGD's Ψ);
+    - ``clip``: Clip_β (bound β: Clip21, DP-FedAvg with clipping, NFA's clipping baseline);
+    - ``unit``: v / ||v|| (bound 1: NormFedAvg);
+    - ``none``: the identity (unbounded: non-private only).
     """
 
-    def __init__(self, std: float, seed: int, who: str = "client"):
-        self.std, self.seed, self.who = float(std), int(seed), who
+    kind: str
+    beta: float = 1.0
+    alpha: float = 0.0
 
-    def __call__(self, v: torch.Tensor, round_: int) -> torch.Tensor:
-        if self.std == 0.0:
-            return v
-        gen = round_generator(self.seed, 0, round_, v.device)
-        return v + self.std * torch.randn(v.shape, generator=gen, device=v.device, dtype=v.dtype)
+    def __post_init__(self):
+        if self.kind not in BOUNDINGS:
+            raise ValueError(f"bounding={self.kind!r}; allowed: {', '.join(BOUNDINGS)}")
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        if self.kind == "norm":
+            return norm_alpha(v, self.alpha)
+        if self.kind == "scaled_norm":
+            return self.beta * norm_alpha(v, self.alpha)
+        if self.kind == "clip":
+            return clip(v, self.beta)
+        return normalize(v) if self.kind == "unit" else v
+
+    @property
+    def bound(self) -> float:
+        return {"norm": 1.0, "unit": 1.0, "none": math.inf}.get(self.kind, self.beta)
+
+
+# -- participation --------------------------------------------------------------------------------------------
 
 
 def bernoulli_weights(n: int, p: float, seed: int, round_: int, device=None) -> torch.Tensor:
     """q_i = 1/p with probability p, else 0, independently per client (FEDNORMEC Alg. 1 line 7)."""
     if p >= 1.0:
         return torch.ones(n, device=device)
-    gen = round_generator(seed, 1, round_, device)
+    gen = round_generator(seed, PARTICIPATION, round_, device)
     return (torch.rand(n, generator=gen, device=device) < p).float() / p
 
 
 def cohort(n: int, size: int, seed: int, round_: int, device=None) -> torch.Tensor:
     """The ids (sorted) of a uniform cohort of ``size`` of the n clients, drawn without replacement."""
-    gen = round_generator(seed, 1, round_, device)
+    gen = round_generator(seed, PARTICIPATION, round_, device)
     return torch.randperm(n, generator=gen, device=device)[:size].sort().values
 
 
@@ -81,3 +116,66 @@ def cohort_weights(n: int, size: int, seed: int, round_: int, device=None) -> to
     q = torch.zeros(n, device=device)
     q[cohort(n, size, seed, round_, device)] = n / size
     return q
+
+
+PARTICIPATIONS = ("bernoulli", "cohort")
+
+
+@dataclass(frozen=True)
+class Participation:
+    """Who takes part in round k, and the weights q_i that keep the aggregate unbiased:
+
+    - ``bernoulli``: each of the n clients independently with probability p, q_i = 1/p (FEDNORMEC
+      Alg. 1 line 7; p = 1 is full participation);
+    - ``cohort``: a uniform cohort of ``size`` clients without replacement, q_i = n/size (NFA Alg. 2
+      line 3; each client's chance p = size/n).
+    """
+
+    n: int
+    seed: int
+    kind: str = "bernoulli"
+    p: float = 1.0
+    size: int | None = None
+
+    @classmethod
+    def of(cls, kind: str, n: int, seed: int, p: float = 1.0, size: int | None = None) -> Participation:
+        if kind == "cohort":
+            return cls(n, seed, kind, size / n, size)
+        return cls(n, seed, kind, p)
+
+    def weights(self, k: int, device=None) -> torch.Tensor:
+        """q^k, ``[n]``: q_i > 0 for the clients taking part in round k."""
+        if self.kind == "cohort":
+            return cohort_weights(self.n, self.size, self.seed, k, device)
+        return bernoulli_weights(self.n, self.p, self.seed, k, device)
+
+    def cohort(self, k: int, device=None) -> torch.Tensor:
+        """The sorted ids of round k's cohort (``cohort`` only)."""
+        return cohort(self.n, self.size, self.seed, k, device)
+
+
+def participants(q: torch.Tensor) -> torch.Tensor | None:
+    """The ids of the clients with q_i > 0, the only ones that need to compute for their upload
+    (None when that is every client)."""
+    ids = q.nonzero().squeeze(1)
+    return None if len(ids) == len(q) else ids
+
+
+def weighted_mean(q: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """(1/n) Σ_i q_i rows_i over all n clients, where ``rows`` holds every client's row or those of ``ids``."""
+    if ids is None:
+        return (q[:, None] * rows).mean(0)
+    return (q[ids, None] * rows).sum(0) / len(q)
+
+
+# -- server steps ---------------------------------------------------------------------------------------------
+
+
+def server_step(x: torch.Tensor, direction: torch.Tensor, step: float, normalized: bool = False) -> torch.Tensor:
+    """x - step * direction, or x - step * direction / ||direction|| with server normalization."""
+    return x - step * (normalize(direction) if normalized else direction)
+
+
+def average(W: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The new global model as the weighted average Σ_i w_i W_i of the clients' local models ``[n, d]``."""
+    return weights @ W

@@ -7,13 +7,17 @@ std z (z = p * sigma_mult, the papers' rule, spec normec.md §4.3). The epsilon 
 dp-accounting's RDP and PLD accountants give at delta = 1e-5 for that z over K rounds, without and
 with a claim of amplification by Poisson sampling at rate p, for one client added or removed. The
 last columns solve the other way: the z that PLD needs to certify epsilon = 8.
+
+The privatizers and ledgers are the ones a run builds (``Privacy.gaussian``, ``accounting.ledger``), so
+these numbers are what a run's summary.json reports for the same settings.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from normfl.privacy import Mechanism, Privacy, calibrate  # noqa: E402
+from normfl.privacy import Privacy, calibrate, ledger  # noqa: E402
 
 EPS, DELTA = 8.0, 1e-5
 SETTINGS = [  # (label, rounds, p)
@@ -38,18 +42,20 @@ def main():
           "| z for ε = 8 (PLD) | z for ε = 8 (PLD, amplified) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, rounds, p in SETTINGS:
-        z = paper.noise_multiplier(rounds, p)
-        plain, amp = Mechanism(z, p, False), Mechanism(z, p, True)
+        plain = paper.gaussian(1.0, 1.0, rounds, p)                 # what each client adds to its unit upload
+        amp = dataclasses.replace(plain, amplification=True)
         need = calibrate(EPS, DELTA, rounds, "pld", p, False)
         need_amp = calibrate(EPS, DELTA, rounds, "pld", p, True)
-        cells = [plain.epsilon(rounds, DELTA, "rdp"), plain.epsilon(rounds, DELTA, "pld"),
-                 amp.epsilon(rounds, DELTA, "rdp"), amp.epsilon(rounds, DELTA, "pld"), need, need_amp]
-        print(f"| {label} | {rounds} | {p:g} | {z:.4f} | " + " | ".join(fmt(c) for c in cells) + " |")
+        spent = [ledger(m.release(), DELTA).spent(rounds) for m in (plain, amp)]
+        cells = [spent[0]["rdp"], spent[0]["pld"], spent[1]["rdp"], spent[1]["pld"], need, need_amp]
+        row = [label, rounds, f"{p:g}", f"{plain.noise_multiplier:.4f}", *map(fmt, cells)]
+        print("| " + " | ".join(map(str, row)) + " |")
     print("\nUnder replace-one (a client's data replaced rather than removed) the same noise costs more:\n")
     print("| setting | ε PLD, replace-one | ε PLD, replace-one, amplified |\n|---|---|---|")
     for label, rounds, p in SETTINGS:
-        z = paper.noise_multiplier(rounds, p)
-        cells = [Mechanism(z, p, amp, "replace").epsilon(rounds, DELTA, "pld") for amp in (False, True)]
+        replace = dataclasses.replace(paper.gaussian(1.0, 1.0, rounds, p), neighbouring="replace")
+        cells = [ledger(dataclasses.replace(replace, amplification=amp).release(), DELTA).spent(rounds)["pld"]
+                 for amp in (False, True)]
         print(f"| {label} | " + " | ".join(fmt(c) for c in cells) + " |")
     print("\nReading: the papers' formula does not certify ε = 8 for any of these settings; at p < 1 it")
     print("lowers the noise by the factor p, which only amplification by sampling could pay for, and")

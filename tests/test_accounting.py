@@ -4,7 +4,7 @@ import dp_accounting as dpa
 import pytest
 from dp_accounting import pld, rdp
 
-from normfl.privacy import Ledger, Mechanism, Privacy, calibrate
+from normfl.privacy import GaussianRelease, Ledger, Privacy, calibrate
 
 
 def test_poisson_gaussian_matches_dp_accounting_reference(monkeypatch, tmp_path):
@@ -13,14 +13,15 @@ def test_poisson_gaussian_matches_dp_accounting_reference(monkeypatch, tmp_path)
     ref_rdp = rdp.RdpAccountant().compose(event).get_epsilon(1e-5)
     ref_pld = pld.PLDAccountant().compose(event).get_epsilon(1e-5)
     assert ref_rdp == pytest.approx(6.71, abs=0.01) and ref_pld == pytest.approx(6.19, abs=0.01)
-    mech = Mechanism(1.0, sampling=0.01, amplification=True)
+    mech = GaussianRelease(1.0, sampling=0.01, amplification=True)
     assert mech.epsilon(10_000, 1e-5, "rdp") == pytest.approx(ref_rdp, rel=1e-9)
     assert mech.epsilon(10_000, 1e-5, "pld") == pytest.approx(ref_pld, rel=2e-3)   # coarser grid, upper bound
     assert mech.epsilon(10_000, 1e-5, "pld") >= ref_pld - 1e-9
 
 
 def test_ledger_agrees_with_fresh_accounting_and_grows_with_rounds():
-    mechs = (Mechanism(7.3462), Mechanism(1.8366, 0.25, amplification=True), Mechanism(3.0, neighbouring="replace"))
+    mechs = (GaussianRelease(7.3462), GaussianRelease(1.8366, 0.25, amplification=True),
+             GaussianRelease(3.0, neighbouring="replace"))
     for mech in mechs:
         ledger = Ledger(mech, 1e-5)
         eps = [ledger.spent(k) for k in (1, 10, 100, 300)]
@@ -30,13 +31,13 @@ def test_ledger_agrees_with_fresh_accounting_and_grows_with_rounds():
 
 
 def test_no_noise_is_infinite_and_replace_costs_more():
-    assert Mechanism(0.0).epsilon(10, 1e-5, "pld") == float("inf")
-    add = Mechanism(7.3462).epsilon(300, 1e-5, "pld")
-    rep = Mechanism(7.3462, neighbouring="replace").epsilon(300, 1e-5, "pld")
+    assert GaussianRelease(0.0).epsilon(10, 1e-5, "pld") == float("inf")
+    add = GaussianRelease(7.3462).epsilon(300, 1e-5, "pld")
+    rep = GaussianRelease(7.3462, neighbouring="replace").epsilon(300, 1e-5, "pld")
     assert rep > 2 * add
-    assert Mechanism(7.3462, neighbouring="replace").epsilon(300, 1e-5, "rdp") == pytest.approx(
-        Mechanism(7.3462 / 2).epsilon(300, 1e-5, "rdp"))        # replace = twice the sensitivity
-    assert Mechanism(2.0, 0.5, True, "replace").epsilon(300, 1e-5, "rdp") is None   # not supported
+    assert GaussianRelease(7.3462, neighbouring="replace").epsilon(300, 1e-5, "rdp") == pytest.approx(
+        GaussianRelease(7.3462 / 2).epsilon(300, 1e-5, "rdp"))        # replace = twice the sensitivity
+    assert GaussianRelease(2.0, 0.5, True, "replace").epsilon(300, 1e-5, "rdp") is None   # not supported
 
 
 @pytest.mark.parametrize("acc, q, amp", [("rdp", 1.0, False), ("pld", 1.0, False), ("pld", 0.25, True),
@@ -45,8 +46,8 @@ def test_calibration_round_trip(acc, q, amp, monkeypatch, tmp_path):
     monkeypatch.setenv("NORMFL_CACHE", str(tmp_path))
     calibrate.cache_clear()
     z = calibrate(8.0, 1e-5, 300, acc, q, amp)
-    assert Mechanism(z, q, amp).epsilon(300, 1e-5, acc) == pytest.approx(8.0, abs=0.01)
-    assert Mechanism(z * 0.97, q, amp).epsilon(300, 1e-5, acc) > 8.0          # and it is the smallest
+    assert GaussianRelease(z, q, amp).epsilon(300, 1e-5, acc) == pytest.approx(8.0, abs=0.01)
+    assert GaussianRelease(z * 0.97, q, amp).epsilon(300, 1e-5, acc) > 8.0          # and it is the smallest
     assert calibrate(8.0, 1e-5, 600, acc, q, amp) > z                          # more rounds, more noise
     calibrate.cache_clear()
     assert calibrate(8.0, 1e-5, 300, acc, q, amp) == z                         # read back from the disk cache
@@ -62,7 +63,7 @@ def test_calibrated_noise_never_certifies_more_than_the_target(acc, q, amp, rela
     calibrate.cache_clear()
     for target in (0.5, 1.0, 8.0):
         z = calibrate(target, 1e-5, 300, acc, q, amp, relation)
-        mech = Mechanism(z, q, amp, relation)
+        mech = GaussianRelease(z, q, amp, relation)
         for spent in (Ledger(mech, 1e-5).spent(300)[acc], mech.epsilon(300, 1e-5, acc)):
             assert spent <= target and spent == pytest.approx(target, rel=2e-3), (target, spent)
 

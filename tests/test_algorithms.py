@@ -109,7 +109,7 @@ def test_dp_normec_client_noise(noise_on, factor):
     privacy = Privacy(epsilon=8, delta=1e-5, noise_on=noise_on)
     algo.setup(torch.zeros(d), n, rounds, privacy, seed=5)
     sigma = 7.3462 * factor
-    assert algo.noise.std == pytest.approx(sigma, rel=1e-4)
+    assert algo.noise_std == pytest.approx(sigma, rel=1e-4)
     x, _ = algo.round(0, torch.zeros(d), quadratic(centers))
     # ĝ^1 - mean g^1 = (β/n) Σ z_i: std β σ / sqrt(n) per coordinate
     gap = algo.ghat - algo.g.mean(0)
@@ -119,7 +119,7 @@ def test_dp_normec_client_noise(noise_on, factor):
 def test_dp_clip21_noise_is_beta_times_sigma():
     algo = Clip21(gamma=0.1, beta=0.01, private=True)
     algo.setup(torch.zeros(3), 2, 300, Privacy(), 0)
-    assert algo.noise.std == pytest.approx(0.01 * 7.3462, rel=1e-4)
+    assert algo.noise_std == pytest.approx(0.01 * 7.3462, rel=1e-4)
     algo = DPSGDNorm(gamma=0.1, beta=0.1, alpha=0.01)       # non-private by default: no noise
     algo.setup(torch.zeros(3), 2, 300, Privacy(), 0)
-    assert algo.noise.std == 0.0
+    assert algo.noise_std == 0.0

@@ -130,11 +130,11 @@ def test_fedavg_without_memory_and_noise_is_dpsgd_with_smoothed_normalization():
 def test_dp_fed_normec_noise_scales_with_p():
     algo = FedNormEC(0.1, 0.01, 0.01, p=0.25, private=True)
     algo.setup(torch.zeros(3), 20, 300, Privacy(), 0)
-    assert algo.noise.std == pytest.approx(1.8366, abs=1e-4)       # p σ_mult on Δ_i (spec §4.3)
+    assert algo.noise_std == pytest.approx(1.8366, abs=1e-4)       # p σ_mult on Δ_i (spec §4.3)
     assert algo.noise_multiplier == pytest.approx(1.8366, abs=1e-4)
     avg = FedAvg(0.1, 0.01, 0.01, bounding="norm", private=True)
     avg.setup(torch.zeros(3), 20, 300, Privacy(), 0)
-    assert avg.noise.std == pytest.approx(0.01 * 7.3462, abs=1e-6)  # β σ_mult on β Norm_α (p = 1)
+    assert avg.noise_std == pytest.approx(0.01 * 7.3462, abs=1e-6)  # β σ_mult on β Norm_α (p = 1)
     assert avg.noise_multiplier == pytest.approx(7.3462, abs=1e-4)
 
 

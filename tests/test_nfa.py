@@ -89,8 +89,8 @@ def test_all_rounds_scope_meets_the_whole_run_target():
     algo = NormFedAvg(eta0=0.005, beta=[[0, 0.02]], mechanism="qtdl", s=2 ** 29, scope="all_rounds",
                       sensitivity="worst_case", cohort_size=25)
     algo.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=0.1, delta=1e-9), seed=0)
-    assert algo.bits_per_coord == 32 and algo.eps_msg == pytest.approx(6.94e-4, rel=1e-3)
-    eps, delta = algo.composed(500)
+    assert algo.bits_per_coord == 32 and algo.mech.epsilon == pytest.approx(6.94e-4, rel=1e-3)
+    eps, delta = algo.ledger.composed(500)
     assert 0.09 < eps <= 0.1 and delta == pytest.approx(1e-9)
     report = algo.privacy_report(500)
     assert report["per_message"]["delta"] == f"2^-{D_FMNIST}" and "worst case" in report["sensitivity"]["kind"]
@@ -101,7 +101,7 @@ def test_aggregate_level_noise_is_one_draw_with_sensitivity_over_r():
     server = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], mechanism="qtdl", s=2 ** 29, scope="all_rounds",
                         sensitivity="worst_case", noise_at="server", cohort_size=25)
     server.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=0.1, delta=1e-9), seed=0)
-    assert server.sens.linf == pytest.approx(2 * 2 ** 29 / 25) and server.bits_per_coord == 31   # spec B.8
+    assert server.mech.sensitivity.linf == pytest.approx(2 * 2 ** 29 / 25) and server.bits_per_coord == 31   # spec B.8
     b = torch.randn(50, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     small = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], local_steps=1, mechanism="qtdl", s=8, noise_at="server",
                        cohort_size=5)
@@ -170,6 +170,7 @@ def test_aggregate_level_noise_per_client_or_at_the_server():
                        sensitivity="worst_case", noise_at=at, local_steps=1)
         a.setup(torch.zeros(1000), 50, 500, Privacy(epsilon=0.1, delta=1e-9), seed=0)
         out[at] = a
-    assert out["client_aggregate"].sens.linf == pytest.approx(out["client"].sens.linf / 25)
-    assert out["server"].sens.linf == out["client_aggregate"].sens.linf
-    assert out["client_aggregate"].noise_by == "client" and out["server"].noise_by == "server"
+    sens = {at: a.mech.sensitivity for at, a in out.items()}
+    assert sens["client_aggregate"].linf == pytest.approx(sens["client"].linf / 25)
+    assert sens["server"].linf == sens["client_aggregate"].linf
+    assert out["client_aggregate"].mech.who == "client" and out["server"].mech.who == "server"

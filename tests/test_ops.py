@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from normfl.ops import GaussianNoise, clip, norm_alpha, row_norms, server_step
-from normfl.privacy import Privacy
+from normfl.ops import NOISE, clip, norm_alpha, round_generator, row_norms, server_step
+from normfl.privacy import Gaussian, Privacy
 
 
 @pytest.fixture
@@ -44,15 +44,34 @@ def test_clip_bound_and_table1_property(vecs):
         assert torch.equal(out[small], vecs[small])            # below the threshold nothing changes
 
 
-def test_gaussian_noise_std_fresh_and_seeded():
-    noise = GaussianNoise(0.5, seed=3)
+def test_gaussian_privatizer_std_fresh_and_seeded():
+    mech = Gaussian(sensitivity=2.0, std=0.5)
     v = torch.zeros(20, 50_000)
-    a, b = noise(v, 0), noise(v, 1)
+
+    def draw(k, seed=3):
+        return mech(v, round_generator(seed, NOISE, k, "cpu"))
+
+    a, b = draw(0), draw(1)
     assert abs(a.std().item() - 0.5) < 0.005
     assert not torch.equal(a, b)                               # fresh per round
     assert not torch.equal(a[0], a[1])                         # fresh per client
-    assert torch.equal(a, GaussianNoise(0.5, seed=3)(v, 0))    # reproducible from (seed, round)
-    assert torch.equal(GaussianNoise(0.0, seed=3)(v, 0), v)
+    assert torch.equal(a, draw(0)) and not torch.equal(a, draw(0, seed=4))   # reproducible from (seed, round)
+    assert torch.equal(Gaussian(1.0, 0.0)(v, None), v)         # no noise: no draws
+    assert mech.noise_multiplier == 0.25 and mech.release().noise_multiplier == 0.25
+
+
+def test_privacy_builds_the_gaussian_it_calibrates():
+    """The privatizer knows its sensitivity, std and who adds it; noise on the mean of n releases of
+    norm <= β has sensitivity β/n, so the same std is n times the noise multiplier."""
+    pr = Privacy(epsilon=8, delta=1e-5)
+    client = pr.gaussian(1.0, 0.01, 300)
+    assert (client.sensitivity, client.who) == (1.0, "client")
+    assert client.noise_multiplier == pytest.approx(7.3462, abs=1e-4) == client.std
+    central = pr.gaussian(0.5, 0.5, 300, who="server", mean_of=10)
+    assert central.sensitivity == 0.05 and central.std == pytest.approx(0.5 * 7.3462, abs=1e-4)
+    assert central.noise_multiplier == pytest.approx(10 * 7.3462, abs=1e-3)
+    info = central.describe()
+    assert info["noise_by"] == "server" and "trusted server" in info["assumptions"]
 
 
 def test_paper_noise_multiplier_matches_spec_table():

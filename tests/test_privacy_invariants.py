@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from normfl import models
 from normfl.algorithms import Clip21, DPSGDNorm, FedAvg, FedNormEC, NormEC
 from normfl.engine import ClientEngine, FlatModel
-from normfl.ops import GaussianNoise, clip, normalize
+from normfl.ops import clip, normalize
 from normfl.privacy import Privacy
-from normfl.privacy.accounting import Ledger, Mechanism
+from normfl.privacy.accounting import GaussianRelease, Ledger
+from normfl.privacy.mechanisms import Gaussian
 from normfl.privacy.qtdl import QTDL, Binomial
 from normfl.results import Recorder
 from tests.test_algorithms import Quadratic
@@ -48,7 +49,7 @@ ALGOS = {
        algo=st.sampled_from(sorted(ALGOS)))
 def test_every_released_vector_respects_the_upload_bound(centers, x0, beta, algo):
     """Each vector handed to the privatizer (a client's Δ_i / Ψ(U_i), or the server's aggregate) has
-    norm <= upload_bound, the sensitivity the noise is calibrated to, over three rounds."""
+    norm <= Ψ's bound, the sensitivity the noise is calibrated to, over three rounds."""
     a = ALGOS[algo](beta)
     released = []
 
@@ -57,14 +58,14 @@ def test_every_released_vector_respects_the_upload_bound(centers, x0, beta, algo
         return v
 
     a.setup(x0[0], 4, 3, Privacy(), seed=0)
-    a.noise = spy
+    a.privatize = spy
     x = x0[0]
     for k in range(3):
         x, _ = a.round(k, x, Quadratic(centers))
     assert released
     for v in released:
         norms = torch.linalg.vector_norm(v.double(), dim=-1)
-        assert float(norms.max()) <= a.upload_bound * (1 + 1e-5), (algo, float(norms.max()), a.upload_bound)
+        assert float(norms.max()) <= a.bounding.bound * (1 + 1e-5), (algo, float(norms.max()), a.bounding.bound)
 
 
 @SETTINGS
@@ -105,7 +106,7 @@ def test_noise_has_the_configured_std():
     (the std of a sample std of N draws is about std / sqrt(2N) for these light-tailed laws)."""
     n = 400_000
     gen = torch.Generator().manual_seed(1)
-    z = GaussianNoise(0.37, seed=3)(torch.zeros(4, n // 4), 0)
+    z = Gaussian(1.0, 0.37)(torch.zeros(4, n // 4), gen)
     samples = {0.37: z, QTDL(64, 9, 0.3).std: QTDL(64, 9, 0.3).noise((n,), gen, dtype=torch.float64),
                Binomial(64, 101).std: Binomial(64, 101).noise((n,), gen, dtype=torch.float64)}
     for std, sample in samples.items():
@@ -116,7 +117,7 @@ def test_noise_has_the_configured_std():
 @given(z=st.floats(0.5, 8.0), q=st.sampled_from([1.0, 0.25, 0.01]), k=st.integers(1, 400),
        more=st.integers(1, 400), factor=st.floats(1.05, 3.0))
 def test_epsilon_grows_with_rounds_and_shrinks_with_noise(z, q, k, more, factor):
-    mech = lambda z: Mechanism(z, sampling=q, amplification=True)    # noqa: E731
+    mech = lambda z: GaussianRelease(z, sampling=q, amplification=True)    # noqa: E731
     eps = Ledger(mech(z), 1e-5)
     assert eps.spent(k)["rdp"] <= eps.spent(k + more)["rdp"]
     assert Ledger(mech(z * factor), 1e-5).spent(k)["rdp"] <= eps.spent(k)["rdp"]

@@ -77,16 +77,16 @@ def test_epsilon_monotone_and_exact_rc_is_tight():
 
 def test_client_accountant_spent_and_budget():
     acc = ClientAccountant(q=Q, sigma=SIGMA, delta=DELTA, epsilon=1.75)
-    assert acc.spent(0) == {"eps_paper": 0.0, "eps_rdp": 0.0, "eps_pld": 0.0}
+    assert acc.spent(0) == {"paper": 0.0, "rdp": 0.0, "pld": 0.0}
     assert acc.budget_steps() == 177 and acc.budget_steps("exact") == 174
     rows = [acc.spent(s) for s in (1, 20, 177, 400)]
-    for key in ("eps_paper", "eps_rdp", "eps_pld"):
+    for key in ("paper", "rdp", "pld"):
         assert all(0 < a[key] < b[key] for a, b in zip(rows, rows[1:], strict=False))
     at = rows[2]
-    assert at["eps_paper"] == pytest.approx(1.7551, abs=5e-5)
-    assert at["eps_pld"] <= at["eps_rdp"] + 1e-6 <= at["eps_paper"] + 2e-6     # PLD tighter, both below the paper
+    assert at["paper"] == pytest.approx(1.7551, abs=5e-5)
+    assert at["pld"] <= at["rdp"] + 1e-6 <= at["paper"] + 2e-6     # PLD tighter, both below the paper
     ref = rdp.RdpAccountant().compose(acc.event(177)).get_epsilon(DELTA)
-    assert at["eps_rdp"] == pytest.approx(ref, rel=1e-12)
+    assert at["rdp"] == pytest.approx(ref, rel=1e-12)
     assert acc.spent(177) == at                                                # cached PLD, same answer
     with pytest.raises(ValueError):
         ClientAccountant(q=0.0, sigma=SIGMA, delta=DELTA, epsilon=1.0)

@@ -33,20 +33,25 @@ from normfl.algorithms.base import Algorithm, Clients
 from normfl.algorithms.local import local_dpsgd
 from normfl.algorithms.tau import Estimates, TauSelector, code_estimates, noise_constant, weighted_estimates
 from normfl.errors import ConfigError
-from normfl.ops import round_generator
+from normfl.ops import DPSGD, average, round_generator
+from normfl.privacy.mechanisms import SampledGaussian
 from normfl.privacy.sgm import ClientAccountant
 
 log = logging.getLogger(__name__)
 
 
 class DPFL(Algorithm):
-    noise_by = "client"
+    """Each client's DP-SGD noise is ``mech`` (``SampledGaussian``); ``acct``, the paper's accountant of its
+    steps, stops the run."""
+
+    state = ("used", "tau_next", "selector", "weights", "batch")
 
     def __init__(self, lr=0.5, sigma=1.1, clip=0.1, sample_rate=0.015, tau=1, adaptive=False,
                  rc_method="bisect_tol", rc_override=None, tau_rule="g_bound_v1", T_mode="static", tau_cap=100,
                  lambda_const=None, omega_const=None, divisor=None, name="dpfl"):
-        super().__init__(gamma=lr, beta=1.0, private=True, name=name)
-        self.lr, self.sigma, self.clip, self.q = float(lr), float(sigma), float(clip), float(sample_rate)
+        super().__init__(private=True, name=name)
+        self.lr, self.mech = float(lr), SampledGaussian(float(clip), float(sigma), float(sample_rate))
+        self.sigma, self.clip, self.q = self.mech.sigma, self.mech.clip, self.mech.rate
         self.tau, self.adaptive = int(tau), bool(adaptive)
         self.divisor = None if divisor is None else float(divisor)
         self.rc_method, self.rc_override = rc_method, rc_override
@@ -54,7 +59,8 @@ class DPFL(Algorithm):
                               "lambda_const": lambda_const, "omega_const": omega_const}
 
     def setup(self, x0, num_clients, rounds, privacy, seed):
-        self.num_clients, self.seed, self.privacy, self.R_s = num_clients, seed, privacy, rounds
+        super().setup(x0, num_clients, rounds, privacy, seed)
+        self.R_s = rounds
         self.acct = ClientAccountant(self.q, self.sigma, privacy.delta, privacy.epsilon)
         self.R_c = int(self.rc_override) if self.rc_override is not None else self.acct.budget_steps(self.rc_method)
         if self.R_c < (1 if self.adaptive else self.tau):
@@ -76,9 +82,9 @@ class DPFL(Algorithm):
         if k == 0:
             self._start(clients, x.device, x.dtype)
         tau = min(self.tau_next, self.R_c - self.used)                               # never overspend (C-A13)
-        gen = round_generator(self.seed, 2, k, x.device)
-        W, loss, last, before = local_dpsgd(x, clients, tau, self.lr, self.clip, self.sigma, self.q, self.batch, gen)
-        x_new = self.weights @ W                                                     # 16: Σ |D_i|/|D| ŵ_i
+        gen = round_generator(self.seed, DPSGD, k, x.device)
+        W, loss, last, before = local_dpsgd(x, clients, tau, self.lr, self.mech, self.batch, gen)   # 6-11
+        x_new = average(W, self.weights)                                             # 16: Σ |D_i|/|D| ŵ_i
         self.used += tau
         if self.selector is not None and self.used < self.R_c:
             self.tau_next = self._select(W, x_new, last, before, clients, k + 1)     # 17-19
@@ -114,23 +120,18 @@ class DPFL(Algorithm):
                         rounds_done, est, tau)
         return tau
 
-    @property
-    def noise_std(self) -> float:
-        """σC: the std of the noise each DP-SGD step adds to the sum of clipped gradients."""
-        return self.sigma * self.clip
-
     # -- privacy: every client has taken T_used DP-SGD steps ----------------------------------
-    def spent(self, k: int) -> dict[str, float]:
-        return self.acct.spent(self.used)
+    def releases(self, steps: int) -> int:
+        return self.used
 
-    def privacy_report(self, k: int) -> dict:
+    @property
+    def ledger(self) -> ClientAccountant:
+        return self.acct
+
+    def privacy_extra(self, steps: int) -> dict:
         return {
-            "unit": "one sample of a client's data (each client separately)",
-            "sampling_rate": self.q, "noise_multiplier": self.sigma, "clip": self.clip,
-            "target_epsilon": self.privacy.epsilon, "delta": self.privacy.delta,
             "R_c": self.R_c, "R_c_method": "override" if self.rc_override is not None else self.rc_method,
             "R_s": self.R_s, "steps_taken": self.used,
-            **{f"epsilon_{col.removeprefix('eps_')}": v for col, v in self.spent(k).items()},
             "assumptions": "the paper's accountant (integer-order RDP of the sampled Gaussian, Mironov's "
                            "conversion) stops each client; dp-accounting's RDP and PLD under add/remove-one "
                            "are reported beside it. ALI-DPFL's estimates of ρ, β, ξ use the clients' data "

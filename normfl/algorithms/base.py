@@ -1,17 +1,24 @@
-"""What every algorithm shares: hyper-parameters, privacy set-up, and the round interface."""
+"""What every algorithm shares: the round interface, its privatizer and what that privatizer costs."""
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 import torch
 
-from normfl.ops import GaussianNoise
-from normfl.privacy import Ledger, Privacy
+from normfl.ops import NOISE, round_generator
+from normfl.privacy import Privacy, Privatizer, ledger
 
 
 class Clients(Protocol):
     """The clients as an algorithm sees them (``normfl.engine.Clients`` is the real one)."""
+
+    side_by_side: bool
+    """Whether the clients are computed together (then local steps are best taken by all clients at once)."""
+
+    data: object
+    """The clients' data (``normfl.data.ClientData``); ``data.parts[i]`` holds client i's sample indices."""
 
     def grads(self, x: torch.Tensor, batches=None, ids=None) -> tuple[torch.Tensor, torch.Tensor]:
         """x (``[d]`` or ``[n, d]``) -> (per-client gradients ``[n, d]``, losses ``[n]``) on the clients'
@@ -20,77 +27,104 @@ class Clients(Protocol):
     def cyclic_pass(self, batch_size: int) -> list:
         """Each client's local data in a fixed order, as a list of steps of per-client batches."""
 
-    side_by_side: bool
-    """Whether the clients are computed together (then local steps are best taken by all clients at once)."""
+    def clipped_grad_sums(self, x: torch.Tensor, rate: float, clip: float) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """Each client's Poisson batch at ``rate``, its per-sample gradients at x (``[n, d]`` or one ``[d]``)
+        clipped to ``clip`` and summed: (sums ``[n, d]``, mean losses ``[n]``, the batches)."""
 
 
 class Algorithm:
     """One communication round maps the global model x^k to x^{k+1}.
 
-    Subclasses set ``upload_bound``, the largest norm of the vector each client releases (its
-    sensitivity before any server-side scaling), and ``noise_by``: 'client' (each client adds its
-    own Gaussian to its upload) or 'server' (one central draw on the aggregate).
+    ``setup`` builds the run's privatizer ``mech`` (``normfl.privacy.mechanisms``; None for a
+    non-private run), from which the noise column, ``spent`` and the summary's privacy block all come.
+    ``state`` names the attributes a round changes: a checkpoint saves and restores exactly those.
     """
 
-    upload_bound: float = 1.0
-    noise_by: str = "client"
-    p: float = 1.0                       # participation probability (1: every client, every round)
+    state: tuple[str, ...] = ()
+    p: float = 1.0                       # each client's chance to take part in a round
     bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
 
-    def __init__(self, gamma: float, beta: float, alpha: float = 0.0, private: bool = False, name: str = ""):
-        self.gamma, self.beta, self.alpha, self.private = float(gamma), float(beta), float(alpha), bool(private)
-        self.name = name or type(self).__name__
-        self.noise = GaussianNoise(0.0, 0)
+    def __init__(self, private: bool = False, name: str = ""):
+        self.private, self.name = bool(private), name or type(self).__name__
+        self.mech: Privatizer | None = None
 
     def setup(self, x0: torch.Tensor, num_clients: int, rounds: int, privacy: Privacy, seed: int) -> None:
         """Allocate state for ``num_clients`` clients and calibrate the noise for ``rounds`` calls of ``round``
         (communication steps: a run's rounds, or its passes times their steps under reading=pass)."""
-        self.num_clients, self.seed = num_clients, seed
-        std = privacy.upload_std(self.upload_bound, self.beta, rounds, self.p) if self.private else 0.0
-        self.noise = GaussianNoise(std, seed, who=self.noise_by)
-        self.privacy, self._ledger = privacy, None
-
-    @property
-    def noise_std(self) -> float:
-        """Per-coordinate std of the privacy noise on the vector it is added to."""
-        return self.noise.std
-
-    def spent(self, k: int) -> dict[str, float | None]:
-        """Epsilon spent after k rounds, by column (``eps_rdp``, ``eps_pld``), for a private run."""
-        if self._ledger is None:                  # built on first use: a PLD is not free
-            self._ledger = Ledger(self.privacy.mechanism(self.noise_multiplier, self.p), self.privacy.delta)
-        spent = self._ledger.spent(k)
-        return {"eps_rdp": spent["rdp"], "eps_pld": spent["pld"]}
-
-    def privacy_report(self, k: int) -> dict:
-        """The summary's privacy block after k rounds: noise, assumptions and epsilon spent."""
-        pr = self.privacy
-        return {
-            "target_epsilon": pr.epsilon, "delta": pr.delta,
-            "calibration": "paper formula" if pr.uses_formula else f"solved with {pr.accountant}",
-            "noise_by": self.noise_by, "noise_multiplier": self.noise_multiplier, "sampling_rate": self.p,
-            "neighbouring": pr.neighbouring, "amplification_claimed": pr.amplification and self.p < 1,
-            **{f"epsilon_{col.removeprefix('eps_')}": v for col, v in self.spent(k).items()},
-            "assumptions": pr.assumptions(self.noise_by, self.p),
-        }
-
-    @property
-    def noise_multiplier(self) -> float:
-        """Noise std over the sensitivity of the vector it is added to (what an accountant needs)."""
-        return self.noise.std / self.upload_bound if self.upload_bound > 0 else 0.0
+        self.num_clients, self.seed, self.privacy = num_clients, seed, privacy
 
     def round(self, k: int, x: torch.Tensor, clients: Clients) -> tuple[torch.Tensor, dict]:
         """Run round k from x; return x^{k+1} and {'loss': mean client loss at x^k, 'uploads': int}."""
         raise NotImplementedError
 
+    def privatize(self, v: torch.Tensor, k: int) -> torch.Tensor:
+        """v through the privatizer with round k's noise draws (v itself when not private)."""
+        return v if self.mech is None else self.mech(v, round_generator(self.seed, NOISE, k, v.device))
+
+    # -- what the privacy costs ------------------------------------------------------------------------------
+    @property
+    def noise_std(self) -> float:
+        """Per-coordinate std of the privacy noise on the vector it is added to."""
+        return self.mech.std if self.mech is not None else 0.0
+
+    def releases(self, steps: int) -> int:
+        """How many releases each client has made after ``steps`` communication steps (at most one each)."""
+        return steps
+
+    @functools.cached_property
+    def ledger(self):
+        """The accountant of one client's releases (built on first use: a PLD is not free)."""
+        return ledger(self.mech.release(), self.privacy.delta, self.p)
+
+    def spent(self, steps: int) -> dict[str, float | None]:
+        """Epsilon spent after ``steps`` communication steps, by column (``eps_rdp``, ``eps_pld``, ...)."""
+        return {f"eps_{col}": v for col, v in self.ledger.spent(self.releases(steps)).items()}
+
+    def privacy_report(self, steps: int) -> dict:
+        """The summary's privacy block after ``steps`` steps: the privatizer, the target and epsilon spent."""
+        return {**self.mech.describe(), "target_epsilon": self.privacy.epsilon, "delta": self.privacy.delta,
+                **{f"epsilon_{col.removeprefix('eps_')}": v for col, v in self.spent(steps).items()},
+                **self.privacy_extra(steps)}
+
+    def privacy_extra(self, steps: int) -> dict:
+        """What this algorithm adds to its privacy block."""
+        return {}
+
+    # -- checkpoint ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything a round changes or reads (client memories, τ state, ...), for a checkpoint:
-        the instance's attributes less the privacy config and the accountant cache, rebuilt on use."""
-        return {k: v for k, v in vars(self).items() if k not in ("privacy", "_ledger")}
+        """The attributes named in ``state``, as they are."""
+        return {name: getattr(self, name) for name in self.state if hasattr(self, name)}
 
     def load_state_dict(self, state: dict) -> None:
-        vars(self).update(state)
+        vars(self).update({name: state[name] for name in self.state if name in state})
 
     def memory_gap(self) -> float | None:
         """||ĝ - mean_i g_i|| for error-feedback methods (0 without noise); None otherwise."""
         return None
+
+
+class GaussianAlgorithm(Algorithm):
+    """An algorithm of the NORMEC family: a local step γ, a weight β, the smoothing α, and, when private,
+    a Gaussian privatizer on a release of norm at most ``bounding.bound``, calibrated by the ``privacy``
+    config (the papers' rule or an accountant). ``noise_by``: who adds it; ``mean_of``: the noise goes on
+    the mean of that many releases (the DP-SGD baseline's central noise)."""
+
+    noise_by: str = "client"
+
+    def __init__(self, gamma: float, beta: float, alpha: float = 0.0, private: bool = False, name: str = ""):
+        super().__init__(private, name)
+        self.gamma, self.beta, self.alpha = float(gamma), float(beta), float(alpha)
+
+    def setup(self, x0, num_clients, rounds, privacy, seed, mean_of: int = 1):
+        super().setup(x0, num_clients, rounds, privacy, seed)
+        if self.private:
+            self.mech = privacy.gaussian(self.bounding.bound, self.beta, rounds, self.p, self.noise_by, mean_of)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Noise std over the sensitivity of the vector it is added to (what an accountant needs)."""
+        return self.mech.noise_multiplier if self.mech is not None else 0.0
+
+    def privacy_extra(self, steps: int) -> dict:
+        pr = self.privacy
+        return {"calibration": "paper formula" if pr.uses_formula else f"solved with {pr.accountant}"}

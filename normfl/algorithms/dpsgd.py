@@ -3,28 +3,28 @@
 x^{k+1} = x^k - γ ( (1/n) Σ_i β Norm_α(∇f_i(x^k)) + z^k ),   z^k ~ N(0, σ² I_d) drawn by the server.
 
 The paper's baseline (§6.1) is non-private (z ≡ 0). With ``private=true`` the server adds one
-Gaussian draw of std β·σ_mult (eq. 3 with B = n, c = 1) to the aggregate. No error feedback.
+Gaussian draw of std β·σ_mult (eq. 3 with B = n, c = 1) to the aggregate, whose sensitivity is β/n
+(``Privacy.gaussian(..., mean_of=n)``). No error feedback.
 """
 
 from __future__ import annotations
 
-from normfl.algorithms.base import Algorithm, Clients
-from normfl.ops import norm_alpha, server_step
+from normfl.algorithms.base import Clients, GaussianAlgorithm
+from normfl.ops import Bounding, server_step
 
 
-class DPSGDNorm(Algorithm):
+class DPSGDNorm(GaussianAlgorithm):
     noise_by = "server"
 
     def __init__(self, gamma, beta, alpha, private=False, name="dpsgd_norm"):
         super().__init__(gamma, beta, alpha, private, name)
-        self.upload_bound = self.beta  # Φ = ||β Norm_α(.)|| <= β
+        self.bounding = Bounding("scaled_norm", self.beta, self.alpha)   # Φ = ||β Norm_α(.)|| <= β
+
+    def setup(self, x0, num_clients, rounds, privacy, seed):
+        super().setup(x0, num_clients, rounds, privacy, seed, mean_of=num_clients)
 
     def round(self, k: int, x, clients: Clients):
-        G, loss = clients.grads(x)                                  # ∇f_i(x^k), all n clients (B = n)
-        psi = self.beta * norm_alpha(G, self.alpha)           # Ψ(∇f_i(x^k)) = β Norm_α(∇f_i(x^k))
-        agg = self.noise(psi.mean(0), k)                      # (1/B) Σ Ψ + z^k
+        G, loss = clients.grads(x)                            # ∇f_i(x^k), all n clients (B = n)
+        psi = self.bounding(G)                                # Ψ(∇f_i(x^k)) = β Norm_α(∇f_i(x^k))
+        agg = self.privatize(psi.mean(0), k)                  # (1/B) Σ Ψ + z^k
         return server_step(x, agg, self.gamma, False), {"loss": loss.mean().item(), "uploads": len(G)}
-
-    @property
-    def noise_multiplier(self) -> float:
-        return self.noise.std * self.num_clients / self.upload_bound   # the mean has sensitivity β/n

@@ -2,23 +2,26 @@
 
 α-NormEC (NORMEC Algorithm 1) takes Ψ = Norm_α and weights it by β; Clip21 takes Ψ = Clip_τ with
 τ = β and no extra weight (spec normec.md §2.3, A9). Both rounds are the same box; line numbers
-below are those of NORMEC Algorithm 1 (and of the derived Clip21 box in the spec).
+below are those of NORMEC Algorithm 1 (and of the derived Clip21 box in the spec). The release is
+Ψ's output, of norm at most ``bounding.bound``; when private each client adds its own Gaussian to it
+(``GaussianAlgorithm``, ``privacy.mechanisms.Gaussian``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from normfl.algorithms.base import Algorithm, Clients
-from normfl.ops import clip, norm_alpha, server_step
+from normfl.algorithms.base import Clients, GaussianAlgorithm
+from normfl.ops import Bounding, server_step
 
 
-class EF21(Algorithm):
+class EF21(GaussianAlgorithm):
+    """The box; a subclass sets Ψ (``bounding``), the weight of Ψ's output in the memories and the server step."""
+
+    state = ("g", "ghat")
     weight: float = 1.0            # multiplies Ψ(.) in the client and server memories
     server_norm: bool = False
-
-    def psi(self, v: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    bounding: Bounding
 
     def setup(self, x0, num_clients, rounds, privacy, seed):
         super().setup(x0, num_clients, rounds, privacy, seed)
@@ -26,10 +29,10 @@ class EF21(Algorithm):
         self.ghat = self.g.mean(0)                                                        # ĝ^0 = mean g_i^0
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
-        G, loss = clients.grads(x)                                 # 4: local gradients at x^k
-        delta = self.psi(G - self.g)                         # 5: Δ_i = Ψ(∇f_i(x^k) - g_i^k)
+        G, loss = clients.grads(x)                           # 4: local gradients at x^k
+        delta = self.bounding(G - self.g)                    # 5: Δ_i = Ψ(∇f_i(x^k) - g_i^k)
         self.g += self.weight * delta                        # 6: g_i^{k+1} = g_i^k + β Δ_i
-        sent = self.noise(delta, k)                          # 7/8: Δ̂_i = Δ_i (+ z_i if private)
+        sent = self.privatize(delta, k)                      # 7/8: Δ̂_i = Δ_i (+ z_i if private)
         self.ghat += self.weight * sent.mean(0)              # 10: ĝ^{k+1} = ĝ^k + (β/n) Σ Δ̂_i
         x = server_step(x, self.ghat, self.gamma, self.server_norm)   # 11: x^{k+1} = x^k - γ ĝ(/||ĝ||)
         return x, {"loss": loss.mean().item(), "uploads": len(G)}
@@ -41,14 +44,10 @@ class EF21(Algorithm):
 class NormEC(EF21):
     """(DP-)α-NormEC, NORMEC Algorithm 1; ``server_norm=False`` replaces line 11 by x - γ ĝ."""
 
-    upload_bound = 1.0             # ||Δ_i|| <= 1; the server scales by β, so the sensitivity is β
-
     def __init__(self, gamma, beta, alpha, server_norm: bool = True, private=False, name="normec"):
         super().__init__(gamma, beta, alpha, private, name)
+        self.bounding = Bounding("norm", alpha=self.alpha)   # ||Δ_i|| <= 1; β weights it outside Ψ
         self.weight, self.server_norm = self.beta, bool(server_norm)
-
-    def psi(self, v):
-        return norm_alpha(v, self.alpha)
 
 
 class Clip21(EF21):
@@ -56,7 +55,4 @@ class Clip21(EF21):
 
     def __init__(self, gamma, beta, private=False, name="clip21"):
         super().__init__(gamma, beta, 0.0, private, name)
-        self.upload_bound = self.beta  # ||Clip_β(.)|| <= β
-
-    def psi(self, v):
-        return clip(v, self.beta)
+        self.bounding = Bounding("clip", beta=self.beta)     # ||Clip_β(.)|| <= β; weight 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from normfl.algorithms.base import Clients
+from normfl.privacy.mechanisms import SampledGaussian
 
 OPERATORS = ("gd", "ig")
 
@@ -72,20 +73,19 @@ def local_sgd(x: torch.Tensor, clients: Clients, ids, steps: int, lr: float, mom
     return W, loss
 
 
-def local_dpsgd(x: torch.Tensor, clients: Clients, steps: int, lr: float, clip: float, sigma: float, rate: float,
+def local_dpsgd(x: torch.Tensor, clients: Clients, steps: int, lr: float, mech: SampledGaussian,
                 batch: torch.Tensor, gen: torch.Generator):
     """Every client runs ``steps`` DP-SGD steps from x (ALI Alg. 1 lines 6-11, Alg. 2 lines 7-12):
-    a Poisson batch at ``rate``, per-sample gradients clipped to ``clip``, and
+    a Poisson batch at ``mech.rate``, per-sample gradients clipped to ``mech.clip``, and
 
         g̃ = (Σ_s clip(∇ℓ(w; s)) + N(0, σ²C² I)) / B,   w = w - η g̃,
 
-    with B = ``batch[i]``: client i's expected batch size q·|D_i| (spec A.2), or a set divisor. Returns ([n, d] final
-    models, [n] mean losses of the first step's batches, the last step's batches, and the models
-    that step started from)."""
+    the noise added by ``mech`` (``privacy.mechanisms.SampledGaussian``), with B = ``batch[i]``: client
+    i's expected batch size q·|D_i| (spec A.2), or a set divisor. Returns ([n, d] final models, [n] mean
+    losses of the first step's batches, the last step's batches, and the models that step started from)."""
     W, loss, batches, before = x, None, None, x
     for _ in range(steps):
-        S, step_loss, batches = clients.clipped_grad_sums(W, rate, clip)
+        S, step_loss, batches = clients.clipped_grad_sums(W, mech.rate, mech.clip)
         loss = step_loss if loss is None else loss
-        noise = torch.randn(S.shape, generator=gen, device=S.device, dtype=S.dtype)
-        before, W = W, W - lr * (S + sigma * clip * noise) / batch[:, None]
+        before, W = W, W - lr * mech(S, gen) / batch[:, None]
     return W, loss, batches, before

@@ -45,16 +45,12 @@ import torch
 from normfl.algorithms.base import Algorithm, Clients
 from normfl.algorithms.local import local_sgd
 from normfl.errors import ConfigError
-from normfl.ops import clip, cohort, normalize, round_generator
+from normfl.ops import NOISE, Bounding, Participation, round_generator, server_step
 from normfl.privacy.qtdl import (
     QTDL,
     Binomial,
-    binomial_trials,
-    composed,
     heuristic_sensitivity,
     per_message_epsilon,
-    qtdl_parameters,
-    tdl_delta,
     theorem2_epsilon,
     worst_case_sensitivity,
 )
@@ -67,24 +63,23 @@ NOISE_AT = ("client", "client_aggregate", "server")
 
 
 class NormFedAvg(Algorithm):
-    """NFA Algorithm 2 and the variants in the table above. ``gamma`` (the base class's local step)
-    is η_0; the server step β_k is a piecewise-constant ``beta`` schedule [[k_start, value], ...]
-    or ``beta_over_eta`` · η_k."""
+    """NFA Algorithm 2 and the variants in the table above. η_k = η_0 · decay^k is the local step; the
+    server step β_k is a piecewise-constant ``beta`` schedule [[k_start, value], ...] or
+    ``beta_over_eta`` · η_k."""
 
     def __init__(self, eta0, beta=None, beta_over_eta=None, lr_decay=0.99, local_steps=20, momentum=0.9,
                  weight_decay=1e-4, cohort_size=None, upload="unit", clip=1.0, mechanism="none", s=4096,
                  scope="per_round", sensitivity="heuristic", mu=0.1, noise_at="client", name="normfedavg"):
-        super().__init__(gamma=eta0, beta=1.0, private=mechanism != "none", name=name)
+        super().__init__(private=mechanism != "none", name=name)
         self.eta0, self.lr_decay = float(eta0), float(lr_decay)
         self.schedule = sorted((int(k), float(v)) for k, v in beta) if beta is not None else None
         self.beta_over_eta = beta_over_eta
         self.local = {"steps": int(local_steps), "momentum": float(momentum), "weight_decay": float(weight_decay)}
-        self.r, self.upload, self.clip_at = cohort_size, upload, float(clip)
+        self.r, self.upload = cohort_size, upload
+        self.bounding = Bounding({"update": "none"}.get(upload, upload), float(clip))
         self.mechanism, self.s, self.scope = mechanism, int(s), scope
         self.sensitivity, self.mu = sensitivity, float(mu)
         self.noise_at = noise_at
-        self.noise_by = "server" if noise_at == "server" else "client"   # the base class's name for who adds it
-        self.mech = None
 
     # -- schedules -------------------------------------------------------------------------------
     def eta(self, k: int) -> float:
@@ -98,75 +93,58 @@ class NormFedAvg(Algorithm):
 
     # -- set-up: the privatizer's parameters from the paper's theorems ----------------------------
     def setup(self, x0, num_clients, rounds, privacy, seed):
-        self.num_clients, self.seed, self.privacy, self.rounds = num_clients, seed, privacy, rounds
+        super().setup(x0, num_clients, rounds, privacy, seed)
         self.r = num_clients if self.r is None else int(self.r)
         if self.r > num_clients:
             raise ConfigError("algo.cohort_size", self.r, f"at most clients={num_clients}")
-        self.p = self.r / num_clients
+        self.sampling = Participation.of("cohort", num_clients, seed, size=self.r)
+        self.p = self.sampling.p
         if self.mechanism == "none":
             return
         d = x0.numel()
         scale = 1.0 if self.noise_at == "client" else 1.0 / self.r        # aggregate-level: Δ / r
-        self.sens = (heuristic_sensitivity(d, self.s, self.mu, scale) if self.sensitivity == "heuristic"
-                     else worst_case_sensitivity(d, self.s, scale))
+        sens = (heuristic_sensitivity(d, self.s, self.mu, scale) if self.sensitivity == "heuristic"
+                else worst_case_sensitivity(d, self.s, scale))
         if self.scope == "per_round":
-            self.eps_msg = float(privacy.epsilon)
+            eps_msg = float(privacy.epsilon)
         else:
             eps = theorem2_epsilon(privacy.epsilon, privacy.delta, self.r, num_clients)
             if not (eps < 6 and privacy.delta < math.exp(-9 / 4)):
                 raise ConfigError("privacy.epsilon", privacy.epsilon, "a whole-run target whose Theorem 2 ε is "
                                   f"< 6 (got {eps:.4g}) with privacy.delta < e^(-9/4)")
-            self.eps_msg = per_message_epsilon(eps, privacy.delta, rounds)
+            eps_msg = per_message_epsilon(eps, privacy.delta, rounds)
+        who = "server" if self.noise_at == "server" else "client"
         if self.mechanism == "qtdl":
             try:
-                alpha, m = qtdl_parameters(self.eps_msg, self.sens)
+                self.mech = QTDL.calibrated(self.s, eps_msg, sens, d, who)    # Theorem 1
             except ValueError as err:
                 raise ConfigError("privacy.epsilon", privacy.epsilon, str(err)) from None
-            self.mech, self.delta_msg = QTDL(self.s, m, alpha), 2.0 ** -d    # Theorem 1 (0.0 in floats)
-            self.delta_label = f"2^-{d}"
-            self.delta_exact = tdl_delta(m, alpha, self.sens, d)       # what the mechanism really gives
         else:
-            trials = binomial_trials(self.eps_msg, privacy.delta, d, self.sens)
-            self.mech, self.delta_msg = Binomial(self.s, trials), privacy.delta
-            self.delta_label = privacy.delta
-            self.delta_exact = None
+            self.mech = Binomial.calibrated(self.s, eps_msg, privacy.delta, sens, d, who)   # cpSGD Theorem 1
         self.bits_per_coord = self.mech.bits
 
     # -- one round (NFA Algorithm 2) ------------------------------------------------------------
     def psi(self, update: torch.Tensor) -> torch.Tensor:
         """What a client privatizes: the unit vector of its update, the clipped update, or the update."""
-        if self.upload == "update":
-            return update
-        u = normalize(update) if self.upload == "unit" else clip(update, self.clip_at)   # unit(0) = 0: M(0)
-        return u.clamp(-1.0, 1.0)            # |u_i| <= 1 exactly, whatever the float rounding
+        u = self.bounding(update)                                   # unit(0) = 0: M(0)
+        return u if self.upload == "update" else u.clamp(-1.0, 1.0)   # |u_i| <= 1 exactly, whatever the rounding
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
-        ids = cohort(self.num_clients, self.r, self.seed, k, x.device)                  # 3: S_k
+        ids = self.sampling.cohort(k, x.device)                                        # 3: S_k
         W, loss = local_sgd(x, clients, ids, lr=self.eta(k), **self.local)             # 5-8: w_{k,E}^(i)
         u = self.psi(x - W)
-        gen = round_generator(self.seed, 0, k, x.device)
+        gen = round_generator(self.seed, NOISE, k, x.device)
         if self.mech is None:
             g = u.mean(0)
-        elif self.noise_by == "client":
+        elif self.mech.who == "client":
             g = self.mech(u, gen).mean(0)                                                # 9: g_i = M(u_i)
         else:                                                                            # App. G(iii)
             g = self.mech.quantize(u, gen).mean(0) + self.mech.noise(x.shape, gen, x.device, x.dtype)
-        return x - self.step(k) * g, {"loss": loss.mean().item(), "uploads": len(ids)}   # 11
+        x = server_step(x, g, self.step(k))                                              # 11
+        return x, {"loss": loss.mean().item(), "uploads": len(ids)}
 
     # -- privacy report ------------------------------------------------------------------------
-    @property
-    def noise_std(self) -> float:
-        return self.mech.std if self.mech is not None else 0.0
-
-    def composed(self, k: int) -> tuple[float, float]:
-        """(ε, δ) of one client's messages over k rounds (it may take part in every one)."""
-        return composed(self.eps_msg, self.delta_msg, k, self.privacy.delta, self.p)
-
-    def spent(self, k: int) -> dict[str, float]:
-        return {"eps_composed": self.composed(k)[0]}
-
-    def privacy_report(self, k: int) -> dict:
-        eps, delta = self.composed(k)
+    def privacy_extra(self, steps: int) -> dict:
         sens = (f"heuristic: NFA eq. 6 with mu={self.mu:g}, not a worst-case bound"
                 if self.sensitivity == "heuristic" else "worst case: Definition 1's trivial bounds")
         who = {"client": "each client privatizes its own message; the server sees every message",
@@ -175,13 +153,8 @@ class NormFedAvg(Algorithm):
                "server": "a trusted aggregator adds one draw to the average of the clients' quantized "
                          "messages (aggregate-level privacy)"}[self.noise_at]
         return {
-            "mechanism": self.mechanism, "scope": self.scope, "s": self.s,
-            "m": getattr(self.mech, "m", None), "alpha": getattr(self.mech, "alpha", None),
-            "trials": getattr(self.mech, "trials", None), "bits_per_coord": self.mech.bits,
-            "sensitivity": {"l1": self.sens.l1, "linf": self.sens.linf, "l2": self.sens.l2, "kind": sens},
-            "per_message": {"epsilon": self.eps_msg, "delta": self.delta_label, "delta_exact": self.delta_exact},
-            "target_epsilon": self.privacy.epsilon, "delta": self.privacy.delta,
-            "epsilon_composed": eps, "delta_composed": delta, "sampling_rate": self.p,
+            "scope": self.scope, "sensitivity": {**self.mech.describe()["sensitivity"], "kind": sens},
+            "delta_composed": self.ledger.composed(self.releases(steps))[1], "sampling_rate": self.p,
             "assumptions": f"one sample of a client's data is the privacy unit; {who}; rounds compose by "
                            "basic or advanced composition, whichever is smaller, and amplification by "
                            "sampling r of n (factor 2r/n) is claimed when the composed ε < 1 (NFA Theorem 2)",

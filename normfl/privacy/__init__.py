@@ -19,6 +19,9 @@ Two ways to set the noise (``privacy.calibration``):
 
 Whatever sets it, every private run also reports the epsilon that RDP and PLD give for the noise
 actually used (``Ledger``).
+
+The privatizers themselves (Gaussian per client or central, DP-SGD's sampled Gaussian, QTDL,
+Binomial) are in ``mechanisms.py``; ``Privacy.gaussian`` builds the Gaussian this config asks for.
 """
 
 from __future__ import annotations
@@ -26,15 +29,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from normfl.privacy.accounting import ACCOUNTANTS, RELATIONS, Ledger, Mechanism, calibrate
+from normfl.privacy.accounting import ACCOUNTANTS, RELATIONS, GaussianRelease, Ledger, calibrate, ledger
+from normfl.privacy.mechanisms import Gaussian, Privatizer
 
 NOISE_ON = ("scaled_message", "raw_delta")
 K_COUNTS = ("rounds", "releases")
 LOG_BASES = ("e", "10")
 CALIBRATIONS = ("paper", "accountant")
 
-__all__ = ["Privacy", "Mechanism", "Ledger", "calibrate", "NOISE_ON", "LOG_BASES", "CALIBRATIONS",
-           "ACCOUNTANTS", "RELATIONS", "K_COUNTS"]
+__all__ = ["Privacy", "Privatizer", "Gaussian", "GaussianRelease", "Ledger", "ledger", "calibrate", "NOISE_ON",
+           "LOG_BASES", "CALIBRATIONS", "ACCOUNTANTS", "RELATIONS", "K_COUNTS"]
 
 
 @dataclass(frozen=True)
@@ -82,13 +86,10 @@ class Privacy:
         std = bound * self.noise_multiplier(releases, p)
         return std * beta if self.noise_on == "raw_delta" and self.uses_formula else std
 
-    def mechanism(self, noise_multiplier: float, p: float = 1.0) -> Mechanism:
-        return Mechanism(noise_multiplier, p, self.amplification, self.neighbouring)
-
-    def assumptions(self, noise_by: str, p: float) -> str:
-        unit = {"add_remove": "adding or removing one client", "replace": "replacing one client's data"}
-        who = "each client adds its own noise and the server sees every upload" if noise_by == "client" \
-            else "a trusted server adds one noise draw to the aggregate"
-        amp = (f"amplification by Poisson sampling at q={p:g} is claimed (participation must stay secret)"
-               if self.amplification and p < 1 else "no amplification by sampling is claimed: every round is charged")
-        return f"client-level DP, neighbouring runs differ by {unit[self.neighbouring]}; {who}; {amp}"
+    def gaussian(self, bound: float, beta: float, releases: int, p: float = 1.0, who: str = "client",
+                 mean_of: int = 1) -> Gaussian:
+        """The Gaussian privatizer of a run of ``releases`` releases of a vector of norm at most ``bound``
+        (``upload_std``), added by ``who``; ``mean_of=n`` when the noise goes on the mean of n such vectors,
+        whose sensitivity is then bound / n. ``p`` is each client's chance to take part in a release."""
+        return Gaussian(bound / mean_of, self.upload_std(bound, beta, releases, p), who, p, self.amplification,
+                        self.neighbouring)

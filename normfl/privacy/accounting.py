@@ -1,8 +1,10 @@
-"""Privacy accounting with Google's dp-accounting (RDP and PLD); no accountant math is written here.
+"""Privacy accounting: a privatizer hands over one release (``mechanisms.Privatizer.release``) and
+a ledger composes k of them.
 
-The mechanism every private algorithm here runs, seen from one client: each round the client's
-bounded vector (norm <= S) is released with Gaussian noise of std sigma, so the noise multiplier is
-z = sigma / S. The privacy unit is one client (its whole local dataset):
+- ``GaussianRelease``, composed by Google's dp-accounting (RDP and PLD; no accountant math is
+  written here). Seen from one client, each release is its bounded vector (norm <= S) plus Gaussian
+  noise of std sigma, so the noise multiplier is z = sigma / S. For the client-level mechanisms the
+  privacy unit is one client (its whole local dataset):
 
 - ``add_remove``: neighbouring runs differ by the presence of one client (sensitivity S);
 - ``replace``: they differ by replacing one client's data (the released vector can move by 2S).
@@ -11,6 +13,11 @@ z = sigma / S. The privacy unit is one client (its whole local dataset):
 independently with probability p). That needs the participation to be secret from the observer;
 when every client adds its own noise and the server sees who sent what, it is not, so the default
 claims none and charges every round.
+
+- ``EpsDeltaRelease``, an (epsilon, delta)-DP message (QTDL, Binomial), composed as in the proof of
+  NFA Theorem 2 (``qtdl.composed``: basic or advanced composition, then amplification by sampling).
+
+``ledger(release, delta, sampling)`` picks the right one.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ PLD_MIN_SIGMA = 0.3       # no PLD for a subsampled Gaussian below this noise: i
 
 
 @dataclass(frozen=True)
-class Mechanism:
+class GaussianRelease:
     noise_multiplier: float          # z = noise std / per-client sensitivity
     sampling: float = 1.0            # q, the participation probability
     amplification: bool = False      # claim amplification by Poisson(q) sampling
@@ -81,10 +88,10 @@ class Mechanism:
 
 
 class Ledger:
-    """Epsilon spent after k rounds, under RDP and PLD, for one run's mechanism (cheap per call:
+    """Epsilon spent after k Gaussian releases, under RDP and PLD (cheap per call:
     RDP is additive over rounds and PLD self-composes one round's distribution)."""
 
-    def __init__(self, mech: Mechanism, delta: float):
+    def __init__(self, mech: GaussianRelease, delta: float):
         self.mech, self.delta = mech, delta
         self._rdp_one = self._pld_one = None
         if mech.noise_multiplier > 0:
@@ -114,6 +121,54 @@ class Ledger:
         return {"rdp": eps_rdp, "pld": eps_pld}
 
 
+@dataclass(frozen=True)
+class EpsDeltaRelease:
+    """One message that is (epsilon, delta)-DP by the theorem that calibrated its mechanism."""
+
+    epsilon: float
+    delta: float
+
+
+def composed(eps0: float, delta0: float, k: int, delta_prime: float, sample_fraction: float) -> tuple[float, float]:
+    """(ε, δ) of one client's k messages, each (ε_0, δ_0)-DP, following the proof of NFA Theorem 2 (App. C).
+
+    The better (smaller ε) of basic composition (kε_0, kδ_0) and advanced composition
+    (ε_0 sqrt(2k log(1/δ')) + kε_0 tanh(ε_0/2), kδ_0 + δ'); then, if that ε < 1, amplification by sampling
+    r of n clients (Lemma 3 of [28]) multiplies it by min(1, 2r/n), ``sample_fraction`` = r/n. δ is kept as is,
+    as in Theorem 2's statement.
+    """
+    if k == 0:
+        return 0.0, 0.0
+    basic = (k * eps0, k * delta0)
+    advanced = (eps0 * math.sqrt(2 * k * math.log(1 / delta_prime)) + k * eps0 * math.tanh(eps0 / 2),
+                k * delta0 + delta_prime)
+    eps, delta = min(basic, advanced, key=lambda pair: pair[0])
+    if eps < 1:
+        eps *= min(1.0, 2 * sample_fraction)
+    return eps, delta
+
+
+class Composition:
+    """Epsilon spent after k (ε_0, δ_0) messages of one client (``composed``), as column ``composed``."""
+
+    def __init__(self, release: EpsDeltaRelease, delta: float, sample_fraction: float):
+        self.release, self.delta, self.sample_fraction = release, delta, sample_fraction
+
+    def composed(self, k: int) -> tuple[float, float]:
+        return composed(self.release.epsilon, self.release.delta, k, self.delta, self.sample_fraction)
+
+    def spent(self, k: int) -> dict[str, float]:
+        return {"composed": self.composed(k)[0]}
+
+
+def ledger(release: GaussianRelease | EpsDeltaRelease, delta: float, sampling: float = 1.0) -> Ledger | Composition:
+    """The ledger that composes ``release``: dp-accounting for a Gaussian, NFA Theorem 2's proof otherwise
+    (``sampling``: the fraction of clients a round samples, which that proof amplifies by)."""
+    if isinstance(release, EpsDeltaRelease):
+        return Composition(release, delta, sampling)
+    return Ledger(release, delta)
+
+
 @functools.lru_cache(maxsize=256)
 def calibrate(epsilon: float, delta: float, rounds: int, accountant: str, sampling: float = 1.0,
               amplification: bool = False, neighbouring: str = "add_remove") -> float:
@@ -122,7 +177,7 @@ def calibrate(epsilon: float, delta: float, rounds: int, accountant: str, sampli
 
     def solve():
         def mech(z):
-            return Mechanism(z, sampling, amplification, neighbouring)
+            return GaussianRelease(z, sampling, amplification, neighbouring)
 
         if mech(1.0).event(rounds, accountant) is None:
             raise ValueError(f"accountant={accountant} cannot account Poisson sampling under {neighbouring}")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from normfl.privacy.accounting import EpsDeltaRelease, composed  # noqa: F401 (composed: Theorem 2's, kept here)
+
 Shape = Sequence[int] | torch.Size
 Device = torch.device | str | None
 
@@ -217,25 +219,6 @@ def per_message_epsilon(epsilon: float, delta: float, rounds: int) -> float:
     return epsilon / (8 * math.sqrt(2 * rounds * math.log(1 / delta)))
 
 
-def composed(eps0: float, delta0: float, k: int, delta_prime: float, sample_fraction: float) -> tuple[float, float]:
-    """(ε, δ) of one client's k messages, each (ε_0, δ_0)-DP, following the proof of NFA Theorem 2 (App. C).
-
-    The better (smaller ε) of basic composition (kε_0, kδ_0) and advanced composition
-    (ε_0 sqrt(2k log(1/δ')) + kε_0 tanh(ε_0/2), kδ_0 + δ'); then, if that ε < 1, amplification by sampling
-    r of n clients (Lemma 3 of [28]) multiplies it by min(1, 2r/n), ``sample_fraction`` = r/n. δ is kept as is,
-    as in Theorem 2's statement.
-    """
-    if k == 0:
-        return 0.0, 0.0
-    basic = (k * eps0, k * delta0)
-    advanced = (eps0 * math.sqrt(2 * k * math.log(1 / delta_prime)) + k * eps0 * math.tanh(eps0 / 2),
-                k * delta0 + delta_prime)
-    eps, delta = min(basic, advanced, key=lambda pair: pair[0])
-    if eps < 1:
-        eps *= min(1.0, 2 * sample_fraction)
-    return eps, delta
-
-
 # ---------------------------------------------------------------------------------------------- samplers
 
 
@@ -297,10 +280,23 @@ def centered_binomial_levels(shape: Shape, trials: int, gen: torch.Generator, de
 
 
 class _Privatizer:
-    """Shared part of both mechanisms: the Alg. 1 quantizer, integer noise levels, and values = levels / s."""
+    """Shared part of both mechanisms: the Alg. 1 quantizer, integer noise levels, and values = levels / s.
 
-    def __init__(self, s: int, m: int):
+    As a privatizer (``mechanisms.Privatizer``) it also carries what calibrated it: the per-message
+    ``epsilon`` and ``delta``, the ``sensitivity`` of s·Q(u) and who adds the noise (``client``, or
+    ``server`` on the mean of the quantized messages, App. G(iii)); ``calibrated`` builds it from them.
+    The privacy unit is one sample of a client's data; neighbours differ in exactly one sample (NFA eq. 2).
+    """
+
+    name = "quantized"
+    paper = "DP-NormFedAvg, arXiv:2106.07094"
+    unit = "sample"
+    neighbouring = "replace"
+
+    def __init__(self, s: int, m: int, epsilon: float | None = None, delta: float | None = None,
+                 sensitivity: Sensitivity | None = None, who: str = "client"):
         self.s, self.m = int(s), int(m)
+        self.epsilon, self.delta, self.sensitivity, self.who = epsilon, delta, sensitivity, who
 
     @property
     def bits(self) -> int:
@@ -325,13 +321,34 @@ class _Privatizer:
         levels = levels + self.noise_levels(u.shape, gen, u.device).to(torch.float64)
         return (levels / self.s).to(u.dtype)
 
+    def release(self) -> EpsDeltaRelease:
+        """One message: (ε, δ)-DP by the theorem that calibrated it."""
+        return EpsDeltaRelease(self.epsilon, self.delta)
+
+    def describe(self) -> dict:
+        sens = self.sensitivity
+        return {"mechanism": self.name, "paper": self.paper, "noise_by": self.who, "s": self.s, "m": self.m,
+                "std": self.std, "bits_per_coord": self.bits,
+                "sensitivity": None if sens is None else {"l1": sens.l1, "linf": sens.linf, "l2": sens.l2}}
+
 
 class QTDL(_Privatizer):
     """Alg. 1: per-coordinate quantization to the 1/s grid plus truncated discrete Laplacian noise."""
 
-    def __init__(self, s: int, m: int, alpha: float):
-        super().__init__(s, m)
+    name = "qtdl"
+
+    def __init__(self, s: int, m: int, alpha: float, **privacy):
+        super().__init__(s, m, **privacy)
         self.alpha = float(alpha)
+
+    @classmethod
+    def calibrated(cls, s: int, epsilon: float, sens: Sensitivity, d: int, who: str = "client") -> QTDL:
+        """Theorem 1's (α, m) for an ε-message of sensitivity ``sens``; its claimed δ = 2^-d is 0.0 in
+        floats, and ``delta_exact`` is what the mechanism really gives (``tdl_delta``)."""
+        alpha, m = qtdl_parameters(epsilon, sens)
+        mech = cls(s, m, alpha, epsilon=epsilon, delta=2.0 ** -d, sensitivity=sens, who=who)
+        mech.delta_label, mech.delta_exact = f"2^-{d}", tdl_delta(m, alpha, sens, d)
+        return mech
 
     @property
     def std(self) -> float:
@@ -341,16 +358,31 @@ class QTDL(_Privatizer):
     def noise_levels(self, shape: Shape, gen: torch.Generator, device: Device) -> torch.Tensor:
         return tdl_levels(shape, self.m, self.alpha, gen, device)
 
+    def describe(self) -> dict:
+        return {**super().describe(), "alpha": self.alpha,
+                "per_message": {"epsilon": self.epsilon, "delta": getattr(self, "delta_label", self.delta),
+                                "delta_exact": getattr(self, "delta_exact", None)}}
+
 
 class Binomial(_Privatizer):
-    """cpSGD baseline (NFA Sec. 6(i)): the same quantization plus centred Binomial(N, 1/2) noise on the integer grid.
+    """cpSGD baseline (NFA Sec. 6(i); Agarwal et al., arXiv:1805.10559): the same quantization plus centred
+    Binomial(N, 1/2) noise on the integer grid.
 
     ``bits`` applies eq. 7 with m = N, as the paper's tables do (spec B.3/B.8); an odd N gives half-integer levels.
     """
 
-    def __init__(self, s: int, trials: int, p: float = 0.5):
-        super().__init__(s, trials)
+    name = "binomial"
+
+    def __init__(self, s: int, trials: int, p: float = 0.5, **privacy):
+        super().__init__(s, trials, **privacy)
         self.trials, self.p = int(trials), float(p)
+
+    @classmethod
+    def calibrated(cls, s: int, epsilon: float, delta: float, sens: Sensitivity, d: int,
+                   who: str = "client") -> Binomial:
+        """The fewest trials N that cpSGD Theorem 1 makes (ε, δ)-DP for a message of sensitivity ``sens``."""
+        return cls(s, binomial_trials(epsilon, delta, d, sens), epsilon=epsilon, delta=delta, sensitivity=sens,
+                   who=who)
 
     @property
     def std(self) -> float:
@@ -359,3 +391,7 @@ class Binomial(_Privatizer):
 
     def noise_levels(self, shape: Shape, gen: torch.Generator, device: Device) -> torch.Tensor:
         return centered_binomial_levels(shape, self.trials, gen, device, self.p)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "trials": self.trials,
+                "per_message": {"epsilon": self.epsilon, "delta": self.delta, "delta_exact": None}}

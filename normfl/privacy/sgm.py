@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import dp_accounting as dpa
 import numpy as np
 
-from normfl.privacy.accounting import Ledger, Mechanism
+from normfl.privacy.accounting import GaussianRelease, Ledger
 
 ORDERS_PAPER = tuple(range(2, 65))                            # "we select alpha from {2, 3, ..., 64}"
 ORDERS_BISECT = tuple(range(2, 64)) + (128, 256, 512)         # the authors' bisection (spec A.7); same R_c
@@ -185,21 +185,20 @@ class ClientAccountant:
     @functools.cached_property
     def _ledger(self) -> Ledger:
         """dp-accounting's RDP and PLD for Poisson-subsampled Gaussian steps (``accounting.Ledger``)."""
-        return Ledger(Mechanism(self.sigma, self.q, amplification=True), self.delta)
+        return Ledger(GaussianRelease(self.sigma, self.q, amplification=True), self.delta)
 
     def event(self, steps: int) -> dpa.DpEvent:
         """``steps`` DP-SGD steps as a dp-accounting event."""
         return self._ledger.mech.event(steps, "rdp")
 
     def spent(self, steps: int) -> dict[str, float | None]:
-        """Epsilon after ``steps`` steps: the paper's accountant, dp-accounting RDP and PLD (add/remove-one;
+        """Epsilon after ``steps`` steps by accountant: the paper's, dp-accounting's RDP and PLD (add/remove-one;
         no PLD below ``accounting.PLD_MIN_SIGMA``)."""
         steps = int(steps)
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
         tight = self._ledger.spent(steps)
-        return {"eps_paper": paper_epsilon(steps, self.q, self.sigma, self.delta),
-                "eps_rdp": tight["rdp"], "eps_pld": tight["pld"]}
+        return {"paper": paper_epsilon(steps, self.q, self.sigma, self.delta), **tight}
 
     def budget_steps(self, method: str = "bisect_tol") -> int:
         """R_c under the paper's conversion (see ``iterations_supported``)."""

@@ -19,14 +19,13 @@ import normfl
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, validate
 from normfl.data import label_histogram
-from normfl.ops import round_generator
+from normfl.ops import EVALUATION, round_generator
 from normfl.results import FINISHED, Recorder, write_atomic
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build
 
 log = logging.getLogger("normfl")
 INPUT_ERRORS = (ConfigError, FileNotFoundError)
-EVAL_STREAM = 3                                  # round_generator streams: 0, 1 noise and sampling, 2 DP-SGD
 
 
 class Training:
@@ -209,7 +208,7 @@ def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, ro
     authors' server scores each round on a fresh random 20% of its test set (XinpengLing/ALI-DPFL,
     system/utils/data_utils.py lines 112-115, called with q=0.2 at system/flcore/servers/serverdpfl.py
     line 167); their loader also drops the last partial batch of 64, which is not copied here."""
-    idx = torch.randperm(len(y), generator=round_generator(seed, EVAL_STREAM, round_, "cpu"))
+    idx = torch.randperm(len(y), generator=round_generator(seed, EVALUATION, round_, "cpu"))
     idx = idx[:max(1, int(fraction * len(y)))].sort().values
     return x[idx.to(x.device)], y[idx]
 
