@@ -119,7 +119,7 @@ def gradnorm(n: int = 256) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=("run", "table", "gradnorm"))
-    ap.add_argument("out", type=Path, nargs="?", default=ROOT / "outputs" / "ali-readings")
+    ap.add_argument("out", type=Path, nargs="?", default=Path("outputs/ali-readings"))
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--only", nargs="*", choices=sorted(RUNS), default=None)
     args = ap.parse_args(argv)

@@ -246,3 +246,17 @@ def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, caps
     out = capsys.readouterr().out.split("\n\n")
     assert "85.43%" in out[0] and "-35.43 points" in out[0] and "reading=pass" in out[0]
     assert "No paper number" in out[1]
+
+
+def test_the_store_comes_from_the_environment_or_the_working_directory(tmp_path, monkeypatch, capsys):
+    """Never from the checkout: $NORMFL_STORE, else outputs/store under the working directory."""
+    from normfl.reproduce.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NORMFL_STORE", str(tmp_path / "elsewhere"))
+    main(["run", "alidpfl-t2", "--profile", "quick", "--dry-run"])
+    assert f"store: {tmp_path / 'elsewhere'}" in capsys.readouterr().out
+    monkeypatch.delenv("NORMFL_STORE")
+    main(["run", "alidpfl-t2", "--profile", "quick", "--dry-run"])
+    assert f"store: {tmp_path / 'outputs' / 'store'}" in capsys.readouterr().out
+    assert not any(tmp_path.iterdir())                      # a dry run writes nothing

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from normfl.config import config_key
 from normfl.errors import ConfigError
 from normfl.reproduce import store
 
-DEFAULT_STORE = store.ROOT / "outputs" / "store"
+STORE_ENV = "NORMFL_STORE"      # where the run store is; default outputs/store under the working directory
 
 
 def main(argv=None) -> None:
@@ -40,8 +41,10 @@ def main(argv=None) -> None:
     ap.add_argument("--match", default=None, help="only the runs whose train.py command contains this text")
     ap.add_argument("--retry-failed", action="store_true", help="also re-run runs stored as failed")
     ap.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
-    ap.add_argument("--store", type=Path, default=DEFAULT_STORE)
+    ap.add_argument("--store", type=Path, default=Path(os.environ.get(STORE_ENV, "outputs/store")),
+                    help=f"the run store (default: ${STORE_ENV}, else outputs/store)")
     args = ap.parse_args(argv)
+    args.store = args.store.resolve()               # runs are launched from the checkout: an absolute path
 
     from normfl.reproduce import targets
 
@@ -58,6 +61,7 @@ def main(argv=None) -> None:
     chosen = [targets.get(n) for n in args.names] or [t for t in targets.TARGETS.values()
                                                        if store.has_profile(t.experiment, args.profile)]
     if args.command == "run":
+        print(f"store: {args.store}")
         for t in chosen:
             job_list = [j for j in store.jobs(t.experiment, args.profile)
                         if args.match is None or args.match in j.command()]
