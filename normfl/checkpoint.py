@@ -17,6 +17,23 @@ from normfl.errors import ConfigError
 NAME = "checkpoint.pt"
 
 
+def snapshot(run, wall_time_s: float) -> dict:
+    """Everything a ``Training`` needs to go on from the round it has just ended: the model, the records,
+    the algorithm's ``state``, the clients' batch streams, the model's buffers and the backend chosen."""
+    return {"x": run.x, "sent": run.sent, "rows": run.rec.rows, "algo": run.algo.state_dict(),
+            "data": run.clients.data.state_dict(), "buffers": run.setup.flat.buffers(),
+            "backend": run.clients.engine.backend, "wall_time_s": wall_time_s}
+
+
+def restore(run, state: dict) -> None:
+    """Put a ``snapshot`` back into a freshly built ``Training``."""
+    run.x, run.sent, run.rec.rows = state["x"].to(run.x.device), state["sent"], state["rows"]
+    run.algo.load_state_dict(state["algo"])
+    run.clients.data.load_state_dict(state["data"])
+    run.setup.flat.set_buffers(state["buffers"])
+    run.clients.engine.backend = state["backend"]
+
+
 def save(out_dir: Path, key: str, state: dict) -> None:
     path = Path(out_dir) / NAME
     tmp = path.with_name(f".{NAME}.tmp")

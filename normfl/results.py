@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import numbers
 import os
@@ -17,6 +18,7 @@ COLUMNS = ("round", "steps", "train_loss", "full_train_loss", "test_loss", "test
            "eps_composed", "eps_paper", "noise_std", "bits_per_coord", "tau", "steps_total", "transmissions",
            "transmissions_total", "bytes_uploaded", "bytes_total", "wall_time")
 
+log = logging.getLogger("normfl")
 FINISHED = ("completed", "diverged")         # statuses of a run that needs no rerun ("failed" may)
 
 
@@ -92,3 +94,18 @@ class Recorder:
             self.wandb.summary.update({k: v for k, v in info.items() if isinstance(v, (int, float, str))})
             self.wandb.finish()
         return info
+
+
+def finished(out_dir: Path, key: str) -> dict | None:
+    """The summary of this config's completed or diverged run in ``out_dir``, if it holds one."""
+    try:
+        summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("config_key") == key and summary.get("status") in FINISHED else None
+
+
+def record_failure(out_dir: Path, job, err: BaseException, key: str | None = None) -> None:
+    log.error("job %s failed: %r", job, err, exc_info=err)
+    failure = {"status": "failed", "config_key": key, "error": repr(err)}
+    write_atomic(out_dir / "summary.json", json.dumps(failure) + "\n")

@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 
 from normfl import checkpoint
 from normfl.config import config_key
-from normfl.results import FINISHED, write_atomic
-from normfl.run.training import INPUT_ERRORS, record_failure, run
+from normfl.results import FINISHED, record_failure, write_atomic
+from normfl.run.training import INPUT_ERRORS, run
 
 log = logging.getLogger("normfl")
 OUTCOMES = ".normfl-jobs"                      # a sweep's job outcomes, in its directory until it ends

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from normfl.config import config_key
 from normfl.engine.lockstep import Lockstep
+from normfl.results import record_failure
 from normfl.run.setup import shared_key
-from normfl.run.training import INPUT_ERRORS, Training, record_failure, start
+from normfl.run.training import INPUT_ERRORS, Training, start
 
 log = logging.getLogger("normfl")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import platform
@@ -20,7 +19,7 @@ from normfl import checkpoint
 from normfl.config import ConfigError, config_key, validate
 from normfl.data import label_histogram
 from normfl.ops import EVALUATION, round_generator
-from normfl.results import FINISHED, Recorder, write_atomic
+from normfl.results import Recorder, finished
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build
 
@@ -45,11 +44,7 @@ class Training:
         self.bits = self.algo.bits_per_coord or 8 * self.x.element_size()
         self.upload_bytes = flat.dim * self.bits / 8
         if state:                                            # continue where the checkpoint left off
-            self.x, self.sent, self.rec.rows = state["x"].to(self.x.device), state["sent"], state["rows"]
-            self.algo.load_state_dict(state["algo"])
-            self.clients.data.load_state_dict(state["data"])
-            flat.set_buffers(state["buffers"])
-            self.clients.engine.backend = state["backend"]
+            checkpoint.restore(self, state)
             log.info("resuming from round %d (%s)", self.rec.rows[-1]["round"], checkpoint.NAME)
         else:
             row0 = {"round": 0, "steps": 0, "noise_std": self.algo.noise_std, "bits_per_coord": self.bits,
@@ -113,11 +108,7 @@ class Training:
         if row.get("test_acc") is not None:
             self.rec.flush()
         if self.active and cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
-            flat = self.setup.flat
-            checkpoint.save(self.out_dir, self.key, {
-                "x": x, "sent": self.sent, "rows": self.rec.rows, "algo": self.algo.state_dict(),
-                "data": self.clients.data.state_dict(), "buffers": flat.buffers(),
-                "backend": self.clients.engine.backend, "wall_time_s": time.perf_counter() - self.t_start})
+            checkpoint.save(self.out_dir, self.key, checkpoint.snapshot(self, time.perf_counter() - self.t_start))
 
     def finish(self) -> dict:
         """Write the final metrics, parameters and summary; the checkpoint goes."""
@@ -194,15 +185,6 @@ def run(cfg: DictConfig, out_dir: Path, **kw) -> dict:
         t.rundir.release()
 
 
-def finished(out_dir: Path, key: str) -> dict | None:
-    """The summary of this config's completed or diverged run in ``out_dir``, if it holds one."""
-    try:
-        summary = json.loads((Path(out_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if summary.get("config_key") == key and summary.get("status") in FINISHED else None
-
-
 def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, round_: int):
     """⌊fraction·|test|⌋ test samples drawn without replacement, afresh for each (seed, round). The ALI-DPFL
     authors' server scores each round on a fresh random 20% of its test set (XinpengLing/ALI-DPFL,
@@ -221,9 +203,3 @@ def peak_rss_mb() -> float | None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss       # KiB on Linux, bytes on macOS
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
-def record_failure(out_dir: Path, job, err: BaseException, key: str | None = None) -> None:
-    log.error("job %s failed: %r", job, err, exc_info=err)
-    failure = {"status": "failed", "config_key": key, "error": repr(err)}
-    write_atomic(out_dir / "summary.json", json.dumps(failure) + "\n")
