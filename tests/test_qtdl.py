@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from normfl.privacy.accounting import composed
 from normfl.privacy.qtdl import (
     QTDL,
     Binomial,
@@ -14,7 +15,6 @@ from normfl.privacy.qtdl import (
     binomial_trials,
     bits_per_coordinate,
     centered_binomial_levels,
-    composed,
     heuristic_sensitivity,
     per_message_epsilon,
     qtdl_parameters,

@@ -9,9 +9,10 @@ exact delta (about 1/2 or more). A client message is d integers in {-(s+m)..s+m}
 t = ceil(log2(2(s+m)+1)) bits per coordinate (eq. 7).
 
 The cpSGD baseline (NFA Sec. 6(i)) keeps the quantizer and adds centred Binomial(N, 1/2) noise instead, with N from
-cpSGD Theorem 1. Theorem 2 helpers give the per-message epsilon for privacy over all rounds and the composition
-used in its proof. Everything works on integer levels; values are levels / s, computed in float64 since s can be
-2^29.
+cpSGD Theorem 1. Theorem 2 helpers give the per-message epsilon for privacy over all rounds; the composition
+used in its proof is ``accounting.composed``. ``QTDL`` and ``Binomial`` are privatizers (``mechanisms.Privatizer``):
+``calibrated`` builds each from its theorem. Everything works on integer levels; values are levels / s, computed in
+float64 since s can be 2^29.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from normfl.privacy.accounting import EpsDeltaRelease, composed  # noqa: F401 (composed: Theorem 2's, kept here)
+from normfl.privacy.accounting import EpsDeltaRelease
 
 Shape = Sequence[int] | torch.Size
 Device = torch.device | str | None
