@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class DPFL(Algorithm):
-    """Each client's DP-SGD noise is ``mech`` (``SampledGaussian``); ``acct``, the paper's accountant of its
-    steps, stops the run."""
+    """Each client's DP-SGD noise is ``mech`` (``SampledGaussian``); ``ledger``, the paper's accountant of its
+    steps (``sgm.ClientAccountant``), stops the run."""
 
     state = ("used", "tau_next", "selector", "weights", "batch")
 
@@ -51,7 +51,6 @@ class DPFL(Algorithm):
                  lambda_const=None, omega_const=None, divisor=None, name="dpfl"):
         super().__init__(private=True, name=name)
         self.lr, self.mech = float(lr), SampledGaussian(float(clip), float(sigma), float(sample_rate))
-        self.sigma, self.clip, self.q = self.mech.sigma, self.mech.clip, self.mech.rate
         self.tau, self.adaptive = int(tau), bool(adaptive)
         self.divisor = None if divisor is None else float(divisor)
         self.rc_method, self.rc_override = rc_method, rc_override
@@ -61,8 +60,9 @@ class DPFL(Algorithm):
     def setup(self, x0, num_clients, rounds, privacy, seed):
         super().setup(x0, num_clients, rounds, privacy, seed)
         self.R_s = rounds
-        self.acct = ClientAccountant(self.q, self.sigma, privacy.delta, privacy.epsilon)
-        self.R_c = int(self.rc_override) if self.rc_override is not None else self.acct.budget_steps(self.rc_method)
+        m = self.mech
+        self.ledger = ClientAccountant(m.rate, m.sigma, privacy.delta, privacy.epsilon)
+        self.R_c = int(self.rc_override) if self.rc_override is not None else self.ledger.budget_steps(self.rc_method)
         if self.R_c < (1 if self.adaptive else self.tau):
             raise ConfigError("privacy.epsilon", privacy.epsilon, f"a budget that supports at least "
                               f"{1 if self.adaptive else self.tau} DP-SGD steps (it supports R_c = {self.R_c})")
@@ -72,10 +72,11 @@ class DPFL(Algorithm):
         """What needs the clients' shard sizes: the weights |D_i|/|D|, the divisors and the selector."""
         sizes = torch.tensor([len(p) for p in clients.data.parts], dtype=dtype, device=device)
         self.weights = sizes / sizes.sum()
-        self.batch = self.q * sizes if self.divisor is None else torch.full_like(sizes, self.divisor)
+        m = self.mech
+        self.batch = m.rate * sizes if self.divisor is None else torch.full_like(sizes, self.divisor)
         if self.adaptive:
-            noise = noise_constant(self.dim, self.sigma, self.clip, float(self.batch.min()))
-            self.selector = TauSelector(self.lr, noise, self.R_s, self.R_c, clip=self.clip, sigma=self.sigma,
+            noise = noise_constant(self.dim, m.sigma, m.clip, float(self.batch.min()))
+            self.selector = TauSelector(self.lr, noise, self.R_s, self.R_c, clip=m.clip, sigma=m.sigma,
                                         dim=self.dim, batch_hat=int(self.batch.min()), **self.selector_args)
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
@@ -123,10 +124,6 @@ class DPFL(Algorithm):
     # -- privacy: every client has taken T_used DP-SGD steps ----------------------------------
     def releases(self, steps: int) -> int:
         return self.used
-
-    @property
-    def ledger(self) -> ClientAccountant:
-        return self.acct
 
     def privacy_extra(self, steps: int) -> dict:
         return {

@@ -132,15 +132,9 @@ class NormFedAvg(Algorithm):
     def round(self, k: int, x: torch.Tensor, clients: Clients):
         ids = self.sampling.cohort(k, x.device)                                        # 3: S_k
         W, loss = local_sgd(x, clients, ids, lr=self.eta(k), **self.local)             # 5-8: w_{k,E}^(i)
-        u = self.psi(x - W)
-        gen = round_generator(self.seed, NOISE, k, x.device)
-        if self.mech is None:
-            g = u.mean(0)
-        elif self.mech.who == "client":
-            g = self.mech(u, gen).mean(0)                                                # 9: g_i = M(u_i)
-        else:                                                                            # App. G(iii)
-            g = self.mech.quantize(u, gen).mean(0) + self.mech.noise(x.shape, gen, x.device, x.dtype)
-        x = server_step(x, g, self.step(k))                                              # 11
+        u = self.psi(x - W)                                                            # 9: Ψ(w_k - w_{k,E})
+        g = u.mean(0) if self.mech is None else self.mech.mean(u, round_generator(self.seed, NOISE, k, x.device))
+        x = server_step(x, g, self.step(k))                                            # 9, 11: (1/r) Σ M(.)
         return x, {"loss": loss.mean().item(), "uploads": len(ids)}
 
     # -- privacy report ------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from normfl.privacy.accounting import EpsDeltaRelease, GaussianRelease
 from normfl.privacy.qtdl import QTDL, Binomial, Sensitivity
 
 WHO = ("client", "server")
-UNITS = {"client": "one client (all its data)", "sample": "one sample of a client's data"}
-RELATIONS_TEXT = {"add_remove": "adding or removing", "replace": "replacing"}
+UNITS = {"client": "one client (all its data)", "sample": "one sample of a client's data (each client separately)"}
+RELATIONS_TEXT = {"add_remove": "adding or removing one client", "replace": "replacing one client's data"}
 
 __all__ = ["Privatizer", "Gaussian", "SampledGaussian", "QTDL", "Binomial", "WHO", "UNITS"]
 
@@ -97,8 +97,8 @@ class Gaussian:
         return {"mechanism": self.name, "paper": self.paper, "noise_by": self.who, "sensitivity": self.sensitivity,
                 "std": self.std, "noise_multiplier": self.noise_multiplier, "sampling_rate": self.sampling,
                 "neighbouring": self.neighbouring, "amplification_claimed": self.amplification and self.sampling < 1,
-                "assumptions": f"client-level DP, neighbouring runs differ by {RELATIONS_TEXT[self.neighbouring]} "
-                               f"one client's data; {who}; {amp}"}
+                "assumptions": f"client-level DP, neighbouring runs differ by {RELATIONS_TEXT[self.neighbouring]}; "
+                               f"{who}; {amp}"}
 
 
 @dataclass(frozen=True)

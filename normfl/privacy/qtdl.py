@@ -293,11 +293,14 @@ class _Privatizer:
     paper = "DP-NormFedAvg, arXiv:2106.07094"
     unit = "sample"
     neighbouring = "replace"
+    alpha: float | None = None          # TDL's α (QTDL)
+    trials: int | None = None           # the Binomial's N
 
     def __init__(self, s: int, m: int, epsilon: float | None = None, delta: float | None = None,
                  sensitivity: Sensitivity | None = None, who: str = "client"):
         self.s, self.m = int(s), int(m)
         self.epsilon, self.delta, self.sensitivity, self.who = epsilon, delta, sensitivity, who
+        self.delta_label, self.delta_exact = delta, None       # the δ as the theorem states it; the exact δ
 
     @property
     def bits(self) -> int:
@@ -322,6 +325,13 @@ class _Privatizer:
         levels = levels + self.noise_levels(u.shape, gen, u.device).to(torch.float64)
         return (levels / self.s).to(u.dtype)
 
+    def mean(self, u: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The mean of the messages of the rows of ``u`` as the server gets it: of M(u_i) when each client adds
+        its noise, or of Q(u_i) plus one noise draw when the server adds it (App. G(iii))."""
+        if self.who == "client":
+            return self(u, gen).mean(0)
+        return self.quantize(u, gen).mean(0) + self.noise(u.shape[1:], gen, u.device, u.dtype)
+
     def release(self) -> EpsDeltaRelease:
         """One message: (ε, δ)-DP by the theorem that calibrated it."""
         return EpsDeltaRelease(self.epsilon, self.delta)
@@ -330,7 +340,9 @@ class _Privatizer:
         sens = self.sensitivity
         return {"mechanism": self.name, "paper": self.paper, "noise_by": self.who, "s": self.s, "m": self.m,
                 "std": self.std, "bits_per_coord": self.bits,
-                "sensitivity": None if sens is None else {"l1": sens.l1, "linf": sens.linf, "l2": sens.l2}}
+                "sensitivity": None if sens is None else {"l1": sens.l1, "linf": sens.linf, "l2": sens.l2},
+                "alpha": self.alpha, "trials": self.trials,
+                "per_message": {"epsilon": self.epsilon, "delta": self.delta_label, "delta_exact": self.delta_exact}}
 
 
 class QTDL(_Privatizer):
@@ -359,10 +371,6 @@ class QTDL(_Privatizer):
     def noise_levels(self, shape: Shape, gen: torch.Generator, device: Device) -> torch.Tensor:
         return tdl_levels(shape, self.m, self.alpha, gen, device)
 
-    def describe(self) -> dict:
-        return {**super().describe(), "alpha": self.alpha,
-                "per_message": {"epsilon": self.epsilon, "delta": getattr(self, "delta_label", self.delta),
-                                "delta_exact": getattr(self, "delta_exact", None)}}
 
 
 class Binomial(_Privatizer):
@@ -393,6 +401,3 @@ class Binomial(_Privatizer):
     def noise_levels(self, shape: Shape, gen: torch.Generator, device: Device) -> torch.Tensor:
         return centered_binomial_levels(shape, self.trials, gen, device, self.p)
 
-    def describe(self) -> dict:
-        return {**super().describe(), "trials": self.trials,
-                "per_message": {"epsilon": self.epsilon, "delta": self.delta, "delta_exact": None}}
