@@ -260,3 +260,27 @@ def test_the_store_comes_from_the_environment_or_the_working_directory(tmp_path,
     main(["run", "alidpfl-t2", "--profile", "quick", "--dry-run"])
     assert f"store: {tmp_path / 'outputs' / 'store'}" in capsys.readouterr().out
     assert not any(tmp_path.iterdir())                      # a dry run writes nothing
+
+
+def test_adopt_files_a_hand_made_run_under_the_profiles_key(tmp_path):
+    """The adopted copy is the run of the config beside it: its summary's key and profile say so, the
+    hand-made run's key is kept as adopted_key, and the hand-made run is left as it was."""
+    from omegaconf import OmegaConf
+
+    from normfl.config import config_key
+    from normfl.reproduce.__main__ import adopt
+
+    cfg = store.compose(("experiment=alidpfl_fmnist", "algo=dpfl", "budget=e175_r177"))
+    run = tmp_path / "by_hand"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    summary = {"status": "completed", "config_key": config_key(cfg), "profile": "custom"}
+    (run / "summary.json").write_text(json.dumps(summary))
+    adopt([str(run)], "code", tmp_path / "store")
+    cfg.profile = "code"
+    target = tmp_path / "store" / config_key(cfg)
+    adopted = json.loads((target / "summary.json").read_text())
+    assert adopted["config_key"] == target.name != summary["config_key"] == adopted["adopted_key"]
+    assert adopted["profile"] == "code" and adopted["adopted_from"] == str(run)
+    assert config_key(OmegaConf.load(target / ".hydra" / "config.yaml")) == target.name
+    assert json.loads((run / "summary.json").read_text()) == summary

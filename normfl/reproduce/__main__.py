@@ -117,8 +117,10 @@ def adopt(dirs: list[str], profile: str, store_dir: Path) -> None:
             continue
         shutil.copytree(d, target)
         OmegaConf.save(cfg, target / ".hydra" / "config.yaml")
-        summary = json.loads((target / "summary.json").read_text())
-        (target / "summary.json").write_text(json.dumps({**summary, "adopted_from": str(d)}, indent=2) + "\n")
+        summary = json.loads((target / "summary.json").read_text())    # now the run of the config beside it
+        summary.update(config_key=target.name, profile=profile, adopted_from=str(d),
+                       adopted_key=summary.get("config_key"))
+        (target / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"adopted {d} as {target.name}")
 
 
