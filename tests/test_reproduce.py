@@ -248,18 +248,16 @@ def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, caps
     assert "No paper number" in out[1]
 
 
-def test_the_store_comes_from_the_environment_or_the_working_directory(tmp_path, monkeypatch, capsys):
-    """Never from the checkout: $NORMFL_STORE, else outputs/store under the working directory."""
-    from normfl.reproduce.__main__ import main
+def test_the_store_comes_from_the_environment_or_the_working_directory(tmp_path, monkeypatch):
+    """Never from the checkout: --store, else $NORMFL_STORE, else outputs/store under the working directory."""
+    from normfl.reproduce.__main__ import store_dir
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("NORMFL_STORE", str(tmp_path / "elsewhere"))
-    main(["run", "alidpfl-t2", "--profile", "quick", "--dry-run"])
-    assert f"store: {tmp_path / 'elsewhere'}" in capsys.readouterr().out
+    monkeypatch.setenv("NORMFL_STORE", "elsewhere")
+    assert store_dir() == tmp_path / "elsewhere" and store_dir(Path("given")) == tmp_path / "given"
     monkeypatch.delenv("NORMFL_STORE")
-    main(["run", "alidpfl-t2", "--profile", "quick", "--dry-run"])
-    assert f"store: {tmp_path / 'outputs' / 'store'}" in capsys.readouterr().out
-    assert not any(tmp_path.iterdir())                      # a dry run writes nothing
+    assert store_dir() == tmp_path / "outputs" / "store"
+    assert not any(tmp_path.iterdir())                      # finding it makes nothing
 
 
 def test_adopt_files_a_hand_made_run_under_the_profiles_key(tmp_path):

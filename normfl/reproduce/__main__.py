@@ -28,6 +28,12 @@ from normfl.reproduce import store
 STORE_ENV = "NORMFL_STORE"      # where the run store is; default outputs/store under the working directory
 
 
+def store_dir(given: Path | None = None) -> Path:
+    """The run store: ``given``, else $NORMFL_STORE, else outputs/store under the working directory; absolute,
+    because runs are launched from the checkout."""
+    return Path(given or os.environ.get(STORE_ENV) or "outputs/store").resolve()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=("run", "figures", "report", "list", "adopt", "together"))
@@ -41,10 +47,10 @@ def main(argv=None) -> None:
     ap.add_argument("--match", default=None, help="only the runs whose train.py command contains this text")
     ap.add_argument("--retry-failed", action="store_true", help="also re-run runs stored as failed")
     ap.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
-    ap.add_argument("--store", type=Path, default=Path(os.environ.get(STORE_ENV, "outputs/store")),
-                    help=f"the run store (default: ${STORE_ENV}, else outputs/store)")
+    ap.add_argument("--store", type=Path, default=None, help=f"the run store (default: ${STORE_ENV}, else "
+                    "outputs/store under the working directory)")
     args = ap.parse_args(argv)
-    args.store = args.store.resolve()               # runs are launched from the checkout: an absolute path
+    args.store = store_dir(args.store)
 
     from normfl.reproduce import targets
 
