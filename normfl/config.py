@@ -249,8 +249,8 @@ def validate_data(cfg: DictConfig, parts) -> None:
 
 # What does not change what a run computes: left out of its key (the run store's folder names, and
 # the check that a checkpoint or a finished run in a folder belongs to the config asking for it).
-NOT_IN_KEY = ("hydra", "grid", *GRID_PROFILES, "threads", "progress", "backend", "device", "logger",
-              "data_root", "offline_data", "save_params", "checkpoint_every", "resume", "deterministic")
+NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "data_root", "offline_data",
+              "save_params", "checkpoint_every", "resume", "deterministic")
 
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
                 "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False}

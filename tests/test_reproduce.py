@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from normfl.config import validate
+from normfl.config import config_key, validate
 from normfl.errors import ConfigError
-from normfl.reproduce import figures, report, store, targets
+from normfl.reproduce import figures, jobs, report, store, targets
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=2", "eval_every=1",
@@ -18,25 +18,25 @@ TINY = ["dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=2", "eval_
 
 
 def test_grid_is_the_union_of_blocks_and_quick_replaces_lists():
-    paper = store.grid_points("normec_f10", "paper")
+    paper = jobs.grid_points("normec_f10", "paper")
     assert len(paper) == 32                                  # Clip21 4×4 + α-NormEC without SN 4×4
     assert {p["experiment"] for p in paper} == {"normec_np_clip21", "normec_np_nosn"}   # their own sweeps
-    t2 = store.grid_points("normec_t2", "paper")
+    t2 = jobs.grid_points("normec_t2", "paper")
     assert len(t2) == 32 and {p.get("algo.alpha") for p in t2} == {0.01, None}   # NP-SN sliced to α = 0.01
-    quick = store.grid_points("normec_f10", "quick")
+    quick = jobs.grid_points("normec_f10", "quick")
     assert len(quick) == 16 and {p["algo.gamma"] for p in quick} == {0.01, 0.1}
     assert {p["algo.beta"] for p in quick} == {0.01, 0.1, 1.0, 10.0}     # untouched lists stay
-    ali = store.grid_points("alidpfl_t2", "paper")
+    ali = jobs.grid_points("alidpfl_t2", "paper")
     assert len(ali) == 2 * 6 * (1 + 5)                       # datasets × budgets × (ALI + τ = 1..5)
     with pytest.raises(ConfigError, match="profile"):
-        store.grid_points("normec_f10", "fast")
-    with pytest.raises(ConfigError, match="experiment"):
-        store.grid_points("no_such_figure", "paper")
+        jobs.grid_points("normec_f10", "fast")
+    with pytest.raises(ConfigError, match="grid='no_such_figure'; allowed: alidpfl_f1"):
+        jobs.grid_points("no_such_figure", "paper")
 
 
 def test_store_key_ignores_how_a_run_runs_and_is_shared_between_figures():
     def nosn(name):      # α-NormEC without SN at β = γ = 0.1, as a grid of `name` runs it
-        return next(j for j in store.jobs(name, "paper") if j.params["experiment"] == "normec_np_nosn"
+        return next(j for j in jobs.jobs(name, "paper") if j.params["experiment"] == "normec_np_nosn"
                     and j.params["algo.beta"] == 0.1 and j.params["algo.gamma"] == 0.1)
 
     a, b = nosn("normec_t2"), nosn("normec_f3")
@@ -44,53 +44,69 @@ def test_store_key_ignores_how_a_run_runs_and_is_shared_between_figures():
     assert a.cfg.algo.server_norm is False and a.cfg.eval_every == 1      # the run group's paper settings
     cfg = a.cfg.copy()
     cfg.threads, cfg.backend, cfg.progress = 1, "vmap", False
-    assert store.config_key(cfg) == a.key
+    assert config_key(cfg) == a.key
     cfg.seed = 43
-    assert store.config_key(cfg) != a.key
-    keys = [j.key for j in store.jobs("normec_t2", "paper")]
+    assert config_key(cfg) != a.key
+    keys = [j.key for j in jobs.jobs("normec_t2", "paper")]
     assert len(set(keys)) == len(keys) == 32
-    assert {j.cfg.profile for j in store.jobs("normec_t2", "quick")} == {"quick"}
+    assert {j.cfg.profile for j in jobs.jobs("normec_t2", "quick")} == {"quick"}
 
 
 def test_paper_profile_reads_a_round_as_a_pass_and_text_keeps_the_literal_reading():
     """NORMEC/FEDNORMEC: paper = 300 passes evaluated every pass; text = the stored literal-reading runs,
     under keys of their own; IDs whose run groups define no text profile refuse it."""
     for name in ("normec_t2", "fednormec_f1"):
-        paper, text = store.jobs(name, "paper"), store.jobs(name, "text")
+        paper, text = jobs.jobs(name, "paper"), jobs.jobs(name, "text")
         assert len(paper) == len(text)
         assert {(j.cfg.reading, j.cfg.eval_every, j.cfg.rounds) for j in paper} == {("pass", 1, 300)}
         assert {(j.cfg.reading, j.cfg.eval_every, j.cfg.rounds) for j in text} == {("text", 10, 300)}
         assert not {j.key for j in paper} & {j.key for j in text}
         for job in paper[:2]:
             validate(job.cfg)
-    assert {j.cfg.reading for j in store.jobs("normec_t2", "quick")} == {"text"}
-    assert store.has_profile("normec_t2", "text") and not store.has_profile("alidpfl_t2", "text")
+    assert {j.cfg.reading for j in jobs.jobs("normec_t2", "quick")} == {"text"}
+    assert jobs.has_profile("normec_t2", "text") and not jobs.has_profile("alidpfl_t2", "text")
     with pytest.raises(ConfigError, match=r"profile='text'; allowed: paper \| code \| quick for alidpfl_t2"):
-        store.jobs("alidpfl_t2", "text")
+        jobs.jobs("alidpfl_t2", "text")
 
 
 def test_code_profile_runs_the_authors_code_on_the_fashion_mnist_cells():
     """ALI-DPFL's code profile: the paper grid's Fashion-MNIST points under experiment=alidpfl_authors_code,
     with keys of their own; IDs whose run groups define no code profile refuse it."""
-    code, paper = store.jobs("alidpfl_f6", "code"), store.jobs("alidpfl_f6", "paper")
+    code, paper = jobs.jobs("alidpfl_f6", "code"), jobs.jobs("alidpfl_f6", "paper")
     fmnist = [j for j in paper if j.params["experiment"] == "alidpfl_fmnist"]
     assert [j.params["budget"] for j in code] == [j.params["budget"] for j in fmnist] and len(code) == 6
     assert {(j.cfg.dataset.split, j.cfg.algo.divisor, j.cfg.eval_subset, j.cfg.profile) for j in code} == {
         ("per_client", 64, 0.2, "code")}
     assert not {j.key for j in code} & {j.key for j in paper}
     validate(code[0].cfg)
-    assert not store.has_profile("normec_t2", "code")
+    assert not jobs.has_profile("normec_t2", "code")
     with pytest.raises(ConfigError, match=r"profile='code'; allowed: paper \| quick for normfedavg_t6"):
-        store.jobs("normfedavg_t6", "code")
+        jobs.jobs("normfedavg_t6", "code")
 
 
 def test_every_id_composes_under_both_profiles():
     for t in targets.TARGETS.values():
-        for job in store.jobs(t.experiment, "quick"):
+        for job in jobs.jobs(t.grid, "quick"):
             assert job.cfg.profile == "quick"
-        assert store.grid_points(t.experiment, "paper")
+            assert job.method and "{" not in job.method          # every run has its paper name
+        assert jobs.grid_points(t.grid, "paper")
     slugs = re.search(r"^IDS := (.*?)\n\S", (REPO / "Makefile").read_text(), re.S | re.M).group(1)
     assert slugs.replace("\\", " ").split() == [t.slug for t in targets.TARGETS.values()]
+
+
+def test_runs_carry_no_figure_data_and_are_named_by_their_group():
+    """What the figure driver reads (grids, profiles, the paper's names) stays out of every run's config,
+    so the store key needs to leave none of it out; a run group names its runs, by one key where needed."""
+    root = set(jobs.compose(()))
+    for name in (p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")):
+        assert set(jobs.compose((f"experiment={name}",))) <= root, name
+    assert set(jobs.groups()) <= {p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")}
+    assert jobs.method("normec_p150", {}) == "normec_no_sn"
+    assert jobs.method("alidpfl_fmnist", {"algo": "dpfl", "algo.tau": 3}) == "tau=3"
+    assert jobs.method("alidpfl_fmnist", {"algo": "ali_dpfl"}) == "ali_dpfl"
+    assert jobs.method("nfa_t4_qtdl", {"algo.s": 64, "seed": 1}) == "qtdl_s=2^6"
+    with pytest.raises(ConfigError, match="experiment='quick_fmnist'; allowed: a run group of"):
+        jobs.method("quick_fmnist", {})
 
 
 def test_run_missing_leaves_a_run_another_live_process_holds(tmp_path):
@@ -104,21 +120,21 @@ def test_run_missing_leaves_a_run_another_live_process_holds(tmp_path):
     (d / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": "now"}))
     (d / "metrics.csv").write_text("round\n0\n")
     logs = []
-    assert store.run_missing([store.Job({}, [*TINY], key="k0")], tmp_path, log=logs.append) == {}
+    assert store.run_missing([jobs.Job({}, [*TINY], key="k0")], tmp_path, log=logs.append) == {}
     assert (d / "metrics.csv").read_text() == "round\n0\n" and "held by another live process" in logs[0]
 
 
 def test_run_missing_trains_only_what_is_missing_and_records_failures(tmp_path, data_root, monkeypatch):
     monkeypatch.setenv("NORMFL_DATA", str(data_root))
-    jobs = [store.Job({}, [*TINY, f"seed={s}"], key=f"k{s}") for s in (0, 1)]
-    bad = store.Job({}, [*TINY, "algo.gamma=-1"], key="bad")
+    good = [jobs.Job({}, [*TINY, f"seed={s}"], key=f"k{s}") for s in (0, 1)]
+    bad = jobs.Job({}, [*TINY, "algo.gamma=-1"], key="bad")
     logs = []
-    counts = store.run_missing([*jobs, bad], tmp_path, parallel=2, log=logs.append)
+    counts = store.run_missing([*good, bad], tmp_path, parallel=2, log=logs.append)
     assert counts == {"completed": 2, "failed": 1}
     assert json.loads((tmp_path / "bad" / "summary.json").read_text())["status"] == "failed"
     assert "algo.gamma" in (tmp_path / "bad" / "stdout.txt").read_text()       # the refusal is kept
     (tmp_path / "k1" / "summary.json").unlink()               # as if killed before it finished
-    counts = store.run_missing([*jobs, bad], tmp_path, log=logs.append)
+    counts = store.run_missing([*good, bad], tmp_path, log=logs.append)
     assert counts == {"completed": 1}                          # k0 reused, bad not retried, k1 re-run
     assert "2 already stored, 1 to run" in logs[-2]
 
@@ -128,9 +144,9 @@ def test_run_missing_stacks_runs_that_share_model_and_data(tmp_path, data_root, 
     folder with its config, and a refused one is recorded as failed with the reason."""
     monkeypatch.setenv("NORMFL_DATA", str(data_root))
     points = [["algo.beta=0.1"], ["algo.beta=1.0"], ["algo.gamma=-1"]]
-    jobs = [store.Job({}, [*TINY, *p], key=f"k{i}", cfg=store.compose((*TINY, *p))) for i, p in enumerate(points)]
+    stack = [jobs.Job({}, [*TINY, *p], key=f"k{i}", cfg=jobs.compose((*TINY, *p))) for i, p in enumerate(points)]
     logs = []
-    counts = store.run_missing(jobs, tmp_path, stack=4, log=logs.append)
+    counts = store.run_missing(stack, tmp_path, stack=4, log=logs.append)
     assert counts == {"completed": 2, "failed": 1} and "up to 4 run(s) per process" in logs[0]
     for k in ("k0", "k1"):
         assert (tmp_path / k / ".hydra" / "config.yaml").is_file()
@@ -239,7 +255,7 @@ def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, caps
     for name, overrides in (("main", ()), ("other", ("algo.beta=0.5",))):
         d = tmp_path / name
         (d / ".hydra").mkdir(parents=True)
-        OmegaConf.save(store.compose(overrides), d / ".hydra" / "config.yaml")
+        OmegaConf.save(jobs.compose(overrides), d / ".hydra" / "config.yaml")
         (d / "summary.json").write_text(json.dumps({"status": "completed", "final_test_acc": 0.5, "final_round": 300,
                                                     "data": "CIFAR-10 (JPEG copy)"}))
         main_job.main(d)
@@ -268,7 +284,7 @@ def test_adopt_files_a_hand_made_run_under_the_profiles_key(tmp_path):
     from normfl.config import config_key
     from normfl.reproduce.__main__ import adopt
 
-    cfg = store.compose(("experiment=alidpfl_fmnist", "algo=dpfl", "budget=e175_r177"))
+    cfg = jobs.compose(("experiment=alidpfl_fmnist", "algo=dpfl", "budget=e175_r177"))
     run = tmp_path / "by_hand"
     (run / ".hydra").mkdir(parents=True)
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")

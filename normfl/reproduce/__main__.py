@@ -3,7 +3,7 @@
     run IDS...      train the missing runs of each ID's grid, then draw its figure/table
     figures [IDS]   draw figures/tables from stored runs only (all IDs by default)
     report          write REPRODUCTION.md from stored runs
-    list            the IDs, their experiment files and grid sizes
+    list            the IDs, their grid files and grid sizes
     adopt DIRS...   copy finished hand-made runs into the store when a grid needs them
     together DIRS.. train the runs whose configs the driver left in DIRS side by side (``run --stack``)
 
@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from normfl.config import config_key
 from normfl.errors import ConfigError
-from normfl.reproduce import store
+from normfl.reproduce import jobs, store
 
 STORE_ENV = "NORMFL_STORE"      # where the run store is; default outputs/store under the working directory
 
@@ -38,7 +38,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=("run", "figures", "report", "list", "adopt", "together"))
     ap.add_argument("names", nargs="*", help="IDs (run, figures) or run folders (adopt, together)")
-    ap.add_argument("--profile", default="paper", choices=store.PROFILES)
+    ap.add_argument("--profile", default="paper", choices=jobs.PROFILES)
     ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / parallel)")
     ap.add_argument("--stack", type=int, default=None,
@@ -60,16 +60,16 @@ def main(argv=None) -> None:
         return together(args.names, args.threads)
     if args.command == "list":
         for t in targets.TARGETS.values():
-            sizes = ", ".join(f"{p} {len(store.grid_points(t.experiment, p))}" for p in store.PROFILES
-                              if store.has_profile(t.experiment, p))
-            print(f"{t.id:14s} {t.experiment}.yaml, grid points: {sizes}; {t.title}")
+            sizes = ", ".join(f"{p} {len(jobs.grid_points(t.grid, p))}" for p in jobs.PROFILES
+                              if jobs.has_profile(t.grid, p))
+            print(f"{t.id:14s} grids/{t.grid}.yaml, grid points: {sizes}; {t.title}")
         return None
     chosen = [targets.get(n) for n in args.names] or [t for t in targets.TARGETS.values()
-                                                       if store.has_profile(t.experiment, args.profile)]
+                                                       if jobs.has_profile(t.grid, args.profile)]
     if args.command == "run":
         print(f"store: {args.store}")
         for t in chosen:
-            job_list = [j for j in store.jobs(t.experiment, args.profile)
+            job_list = [j for j in jobs.jobs(t.grid, args.profile)
                         if args.match is None or args.match in j.command()]
             print(f"{t.id} ({args.profile}):")
             if args.dry_run:

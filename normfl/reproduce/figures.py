@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from normfl.reproduce import store  # noqa: E402
+from normfl.reproduce import jobs, store  # noqa: E402
 from normfl.reproduce.paper import paper_numbers, paper_value  # noqa: E402
 
 OUT = store.ROOT / "docs" / "reproduction"
@@ -28,42 +28,14 @@ DATASETS = {"load_cifar10": "cifar10", "load_fashion_mnist": "fashion_mnist"}
 
 
 # ---------------------------------------------------------------- the runs of an ID, as a table
-def method(cfg) -> str:
-    """The paper's name for what a run runs (the ``row``/``block`` keys of paper_numbers.csv)."""
-    a = cfg.algo
-    name = a.name
-    if name in ("normec", "dp_normec"):
-        return "normec_sn" if a.server_norm else "normec_no_sn"
-    if name in ("clip21", "dp_clip21"):
-        return "clip21"
-    if name == "dp_fed_normec":
-        return "fed_normec"
-    if name == "dp_fedavg":
-        return "fedavg"
-    if "adaptive" in a:
-        return "ali_dpfl" if a.adaptive else f"tau={a.tau}"
-    if "mechanism" in a:
-        if a.upload == "update":
-            return "fedavg"
-        if a.upload == "clip":
-            return f"clip_C={float(a.clip)!r}"
-        if a.mechanism == "none":
-            return "normfedavg"
-        power = f"2^{int(round(math.log2(a.s)))}"
-        if a.mechanism == "binomial":
-            return f"bin_s={power}"
-        return "dp_normfedavg" if a.scope == "all_rounds" else f"qtdl_s={power}"
-    return name
-
-
 def runs(target, profile: str, store_dir: Path) -> pd.DataFrame:
     """One row per run of the ID's grid: its settings, status and summary numbers (in %)."""
     rows = []
-    for job in store.jobs(target.experiment, profile):
+    for job in jobs.jobs(target.grid, profile):
         cfg, d = job.cfg, job.dir(store_dir)
         sel = lambda key, cfg=cfg: OmegaConf.select(cfg, key, default=None)  # noqa: E731
         row = {"key": job.key, "dir": d, "status": store.status(d), "command": job.command(),
-               "method": method(cfg), "dataset": DATASETS.get(cfg.dataset._target_.rsplit(".", 1)[1]),
+               "method": job.method, "dataset": DATASETS.get(cfg.dataset._target_.rsplit(".", 1)[1]),
                "alpha": sel("algo.alpha"), "beta": sel("algo.beta"), "gamma": sel("algo.gamma"),
                "p": cfg.p, "seed": cfg.seed, "epsilon": cfg.privacy.epsilon, "rounds": cfg.rounds,
                "tau": sel("algo.tau"), "reading": sel("reading") or "text"}
@@ -96,8 +68,8 @@ def caption(df: pd.DataFrame, profile: str) -> str:
     parts.append("data: " + (", ".join(sorted(set(done["data"].dropna()))) if "data" in done else "none yet"))
     if profile == "quick":
         parts.append("a scaled run: its numbers are not comparable with the paper's")
-    if profile in store.OPTIONAL_PROFILES:
-        parts.append(store.OPTIONAL_PROFILES[profile])
+    if profile in jobs.OPTIONAL_PROFILES:
+        parts.append(jobs.OPTIONAL_PROFILES[profile])
     return "; ".join(parts)
 
 

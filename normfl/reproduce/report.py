@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from normfl.reproduce import figures, store, targets
+from normfl.reproduce import figures, jobs, store, targets
 from normfl.reproduce.figures import fmt
 
 HEADER = """# Reproduction status
@@ -25,7 +25,8 @@ is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
 - **code** (ALI-DPFL's Fashion-MNIST cells only): the authors' public code as it runs
   (`experiment=alidpfl_authors_code`): their split, divisor and evaluation, each a named option.
 - **quick**: a scaled version for this CPU (fewer rounds, grid points and seeds; a test subset),
-  defined in the experiment files' `quick:` blocks. Its numbers are not compared with the paper's.
+  set by the grids' `quick:` lists and the run groups' profiles (`normfl/reproduce/grids/`,
+  `groups.yaml`). Its numbers are not compared with the paper's.
 
 Data: CIFAR-10 results come from the JPEG copy in `../shared/data` (labelled so in every run's
 summary); Fashion-MNIST is exact. Status, from the paper profile's runs: **reproduced** (every
@@ -67,7 +68,7 @@ def _versus(t: targets.Target, comp) -> str | None:
 
 def section(t: targets.Target, store_dir: Path) -> list[str]:
     paper_df, _, comp, _ = figures.compare(t, "paper", store_dir)
-    extra = {p: figures.compare(t, p, store_dir) for p in store.OPTIONAL_PROFILES if store.has_profile(t.experiment, p)}
+    extra = {p: figures.compare(t, p, store_dir) for p in jobs.OPTIONAL_PROFILES if jobs.has_profile(t.grid, p)}
     quick_df = figures.runs(t, "quick", store_dir)
     frames = {"paper": paper_df, **{p: c[0] for p, c in extra.items()}, "quick": quick_df}
     status = _status(paper_df, comp, t.tolerance)
@@ -83,7 +84,7 @@ def section(t: targets.Target, store_dir: Path) -> list[str]:
         deviating |= p_status == "deviates" or _beyond(p_status, p_comp, t.tolerance)
         versus = _versus(t, p_comp)
         if p_status != "not run":
-            out.append(f"- {p} profile ({store.OPTIONAL_PROFILES[p]}): **{p_status}**"
+            out.append(f"- {p} profile ({jobs.OPTIONAL_PROFILES[p]}): **{p_status}**"
                        + (f"; ours vs paper: {versus}" if versus else ""))
     side = [line for p, (_, _, p_comp, _) in extra.items() for line in side_by_side(comp, p_comp, p)]
     diverged = {p: int((d.status == "diverged").sum()) for p, d in frames.items()}

@@ -1,161 +1,27 @@
-"""The run store: every run of a figure or table lives in ``outputs/store/<key>``, where the key is a
-hash of its resolved config, so a grid re-run only trains what is missing and runs shared between
-figures (NORMEC's NP-SN group feeds five of them) are trained once.
-
-An experiment file ``conf/experiment/<name>.yaml`` may carry two inert nodes that training ignores:
-
-``grid``
-    The paper's runs: a list of blocks whose union is the grid. A block names ``experiment``, a
-    list of experiment files (a paper's run group, e.g. ``normec_np_nosn``; default: this file),
-    and lists of values for config groups (``algo: [dpfl]``) or dotted keys (``algo.tau: [1, 2]``).
-    Its runs are the product of those lists and of the experiment file's own Hydra sweep
-    (``hydra.sweeper.params``, what ``train.py -m experiment=<file>`` runs); a list in the block
-    replaces the sweep's list for the same key.
-``paper`` / ``text`` / ``quick``
-    The profiles: ``set``, the overrides that scale a run (kept with the run group or its setup
-    file, e.g. ``nfa_fmnist.yaml``, so every figure drawing on a run group runs it alike; an ID
-    file may add its own), and, for ``quick``, ``grid``: lists that replace the lists of the
-    same key in every block (fewer grid points and seeds). ``text`` exists only where a run group
-    defines it: the NORMEC and FEDNORMEC IDs, whose paper profile reads a round as a pass and whose
-    text profile keeps the literal reading (``normec_setup.yaml``).
+"""The run store: every run of a figure or table lives in ``<store>/<key>``, where the key is a hash of
+its resolved config (``normfl.config.config_key``), so a grid re-run only trains what is missing and runs
+shared between figures (NORMEC's NP-SN group feeds five of them) are trained once. Which runs a figure
+needs is ``jobs.py``'s.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
-import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from normfl import checkpoint
-from normfl.config import GRID_PROFILES as PROFILES
-from normfl.config import config_key
-from normfl.errors import ConfigError
+from normfl.reproduce.jobs import Job
 from normfl.results import FINISHED
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
-
-
-def value_text(v) -> str:
-    """A grid value as a Hydra override writes it."""
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(value_text(x) for x in v) + "]"
-    return "null" if v is None else str(v)
-
-
-@dataclass
-class Job:
-    params: dict                       # the grid point: key -> value (incl. experiment/groups)
-    overrides: list[str]               # what train.py is given
-    key: str                           # the store folder: config_key of the resolved config
-    cfg: DictConfig | None = field(default=None, repr=False)
-
-    def dir(self, store: Path) -> Path:
-        return store / self.key
-
-    def command(self) -> str:
-        return "python train.py " + " ".join(self.overrides)
-
-
-def load_experiment(name: str) -> DictConfig:
-    path = CONF / "experiment" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-        raise ConfigError("experiment", name, " | ".join(known))
-    return OmegaConf.load(path)
-
-
-def grid_points(name: str, profile: str) -> list[dict]:
-    """The grid points of an experiment file under a profile, in file order."""
-    if profile not in PROFILES:
-        raise ConfigError("profile", profile, " | ".join(PROFILES))
-    spec = load_experiment(name)
-    blocks = OmegaConf.to_container(spec.get("grid") or [{}], resolve=False)
-    values = OmegaConf.select(spec, f"{profile}.grid", default=None) if profile != "paper" else None
-    replace = OmegaConf.to_container(values) if values is not None else {}   # the profile's values in every block
-    points = []
-    for block in blocks:
-        for experiment in replace.get("experiment", block.get("experiment", [name])):
-            lists = {**sweep(experiment), **{k: v for k, v in block.items() if k != "experiment"}}
-            lists = {k: replace.get(k, v) for k, v in lists.items()}
-            for values in itertools.product(*lists.values()):
-                points.append({"experiment": experiment, **dict(zip(lists, values, strict=True))})
-    return points
-
-
-def sweep(name: str) -> dict[str, list]:
-    """An experiment file's Hydra sweep (``hydra.sweeper.params``) as lists of values."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    params = OmegaConf.select(load_experiment(name), "hydra.sweeper.params", default=None) or {}
-    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    return {o.key_or_group: list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()] for o in parsed}
-
-
-def _settings(cfg: DictConfig, profile: str) -> dict:
-    node = OmegaConf.select(cfg, f"{profile}.set", default=None)
-    return OmegaConf.to_container(node, resolve=False) if node is not None else {}
-
-
-OPTIONAL_PROFILES = {  # profiles only some run groups define, and what they read differently from the paper's
-    "text": "a round read literally, one minibatch step per client; spec A2",
-    "code": "the ALI-DPFL authors' code as it runs: experiment=alidpfl_authors_code, their split, divisor 64 "
-            "and 20% test subsets; Fashion-MNIST only",
-}
-
-
-def has_profile(name: str, profile: str) -> bool:
-    """Whether an experiment's grid can run under ``profile`` (an optional one: its run groups define it)."""
-    if profile not in OPTIONAL_PROFILES:
-        return profile in PROFILES
-    groups = {point["experiment"] for point in grid_points(name, profile)}
-    return all(OmegaConf.select(compose((f"experiment={g}",)), profile) is not None for g in groups)
-
-
-@functools.cache
-def compose(overrides: tuple[str, ...]) -> DictConfig:
-    """The root config with these overrides (composed once per process: figures share runs)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):   # leaves Hydra as it found it
-        return hydra_compose(config_name="config", overrides=list(overrides))
-
-
-@functools.cache
-def jobs(name: str, profile: str) -> list[Job]:
-    """Every run of an experiment's grid, with its resolved config and store key.
-
-    A run's profile settings are its run group's (``paper.set`` / ``quick.set`` in the experiment
-    file it is composed from, or in that file's defaults), then the ID file's own."""
-    if not has_profile(name, profile):
-        have = [p for p in PROFILES if has_profile(name, p)]
-        raise ConfigError("profile", profile, f"{' | '.join(have)} for {name} (its run groups define no "
-                          f"{profile} profile; text exists for the NORMEC and FEDNORMEC IDs, code for "
-                          "ALI-DPFL's)")
-    own = _settings(load_experiment(name), profile)
-    out = []
-    for point in grid_points(name, profile):
-        overrides = [f"{k}={value_text(v)}" for k, v in point.items()]
-        group = compose((f"experiment={point['experiment']}",))      # its profile settings: one compose a group
-        settings = {**_settings(group, profile), **own}
-        overrides += [f"{k}={value_text(v)}" for k, v in settings.items()] + [f"profile={profile}"]
-        cfg = compose(tuple(overrides))
-        out.append(Job(point, overrides, config_key(cfg), cfg))
-    unique = {job.key: job for job in reversed(out)}          # blocks may overlap: first one wins
-    return [job for job in out if unique[job.key] is job]
+ROOT = Path(__file__).resolve().parents[2]     # the checkout: train.py, and where runs are launched from
 
 
 def status(run_dir: Path) -> str:

@@ -1,9 +1,9 @@
 """The papers' figures and tables that come from runs: which grid each one needs, how it is drawn,
 how close to the paper counts as reproduced, and why it is not where it is not.
 
-Each ID's runs are the grid of ``conf/experiment/<id>.yaml`` (``normec_t2`` for NORMEC-T2), which
-draws on the papers' run groups (``normec_np_sn``, ``nfa_t4_qtdl``, ...); IDs drawing the same runs
-share them through the store. IDs that need no run (NORMEC-T1, EX1, APPC: unit tests; ALIDPFL-T1,
+Each ID's runs are the grid of ``grids/<id>.yaml`` (``normec_t2`` for NORMEC-T2), which draws on the
+papers' run groups (``conf/experiment/normec_np_sn.yaml``, ``nfa_t4_qtdl``, ...); IDs drawing the same
+runs share them through the store. IDs that need no run (NORMEC-T1, EX1, APPC: unit tests; ALIDPFL-T1,
 F2, F3 and NORMFEDAVG-T1: notation and diagrams) are in ``NO_RUNS``.
 """
 
@@ -17,7 +17,7 @@ from normfl.errors import ConfigError
 @dataclass(frozen=True)
 class Target:
     id: str                  # spec ID, e.g. NORMEC-T2
-    experiment: str          # conf/experiment/<experiment>.yaml holds its settings and grid
+    grid: str                # grids/<grid>.yaml: the runs it draws
     title: str
     kind: str                # how it is drawn: a function of normfl.reproduce.figures.KINDS
     tolerance: float         # |ours − paper| in points within which a number counts as reproduced
