@@ -74,7 +74,7 @@ def groups() -> dict:
 
 def group(name: str) -> dict:
     if name not in groups():
-        raise ConfigError("experiment", name, f"a run group of {HERE / 'groups.yaml'}: {' | '.join(groups())}")
+        raise ConfigError("experiment", name, f"a run group of normfl/reproduce/groups.yaml: {' | '.join(groups())}")
     return groups()[name]
 
 
@@ -156,10 +156,11 @@ def jobs(name: str, profile: str) -> list[Job]:
                           "ALI-DPFL's)")
     out = []
     for point in grid_points(name, profile):
-        group_ = point["experiment"]
-        overrides = [f"{k}={value_text(v)}" for pairs in (point, settings(group_, profile)) for k, v in pairs.items()]
+        run_group = point["experiment"]
+        pairs = [*point.items(), *settings(run_group, profile).items()]
+        overrides = [f"{k}={value_text(v)}" for k, v in pairs]
         overrides.append(f"profile={profile}")
         cfg = compose(tuple(overrides))
-        out.append(Job(point, overrides, config_key(cfg), cfg, method(group_, point)))
+        out.append(Job(point, overrides, config_key(cfg), cfg, method(run_group, point)))
     unique = {job.key: job for job in reversed(out)}          # blocks may overlap: first one wins
     return [job for job in out if unique[job.key] is job]

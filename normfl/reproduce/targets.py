@@ -65,8 +65,8 @@ ALI_CAUSE = ("Checked against the authors' code, setting by setting, at R_c = 17
              "(ρ -0.7 to +0.1), within its 20% test subsets' noise of about 0.8 points. No setting probed at "
              "R_c = 177 restores the paper's fall (each within 0.6 points from τ = 1 to 5). Fixed τ runs "
              "min(R_s, ⌊R_c/τ⌋) rounds (spec A.3, C-A13), so in both readings the R_s = 2R_c, ε = 1.75 column "
-             "repeats the R_s = R_c one (to 0.01 point), where the paper's differs (τ = 5: 78.48 against 79.64); the code has "
-             "no budget stop, its round counts were set by hand.")
+             "repeats the R_s = R_c one (to 0.01 point), where the paper's differs (τ = 5: 78.48 against "
+             "79.64); the code has no budget stop, its round counts were set by hand.")
 NFA_TOL = dict(tolerance=1.0, why="3 seeds (paper std ≤ 0.15); unstated details (batch order, the "
                "sampler's dropped tail) move the mean by a few tenths")
 NFA_BIN_CAUSE = ("Seed 0 only so far. The Binomial column trains 1.7 points better than the paper's (19.11 vs "
