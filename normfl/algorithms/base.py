@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from normfl.ops import NOISE, round_generator
+from normfl.ops import NOISE, Participation, round_generator
 from normfl.privacy import Privacy, Privatizer, ledger
 
 
@@ -41,7 +41,7 @@ class Algorithm:
     """
 
     state: tuple[str, ...] = ()
-    p: float = 1.0                       # each client's chance to take part in a round
+    sampling: Participation | None = None   # who takes part in a round (None: every client, every round)
     bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
 
     def __init__(self, private: bool = False, name: str = ""):
@@ -52,6 +52,11 @@ class Algorithm:
         """Allocate state for ``num_clients`` clients and calibrate the noise for ``rounds`` calls of ``round``
         (communication steps: a run's rounds, or its passes times their steps under reading=pass)."""
         self.num_clients, self.seed, self.privacy = num_clients, seed, privacy
+
+    @property
+    def p(self) -> float:
+        """Each client's chance to take part in a round."""
+        return 1.0 if self.sampling is None else self.sampling.p
 
     def round(self, k: int, x: torch.Tensor, clients: Clients) -> tuple[torch.Tensor, dict]:
         """Run round k from x; return x^{k+1} and {'loss': mean client loss at x^k, 'uploads': int}."""

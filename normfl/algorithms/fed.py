@@ -31,13 +31,12 @@ class _Federated(GaussianAlgorithm):
                  private=False, name=""):
         super().__init__(gamma, beta, alpha, private, name)
         self.eta = self.gamma if eta is None else float(eta)          # η = γ in the experiments (A3)
-        self.p, self.server_norm = float(p), bool(server_norm)
+        self.bernoulli_p, self.server_norm = float(p), bool(server_norm)
         self.local = {"steps": int(local_steps), "operator": local_operator, "ig_batch_size": int(ig_batch_size)}
         self.participation, self.cohort_size = participation, cohort_size
 
     def setup(self, x0, num_clients, rounds, privacy, seed):
-        self.sampling = Participation.of(self.participation, num_clients, seed, self.p, self.cohort_size)
-        self.p = self.sampling.p                                           # each client's chance to take part
+        self.sampling = Participation.of(self.participation, num_clients, seed, self.bernoulli_p, self.cohort_size)
         super().setup(x0, num_clients, rounds, privacy, seed)
 
     def pseudo_gradient(self, x, clients, ids=None):

@@ -98,7 +98,6 @@ class NormFedAvg(Algorithm):
         if self.r > num_clients:
             raise ConfigError("algo.cohort_size", self.r, f"at most clients={num_clients}")
         self.sampling = Participation.of("cohort", num_clients, seed, size=self.r)
-        self.p = self.sampling.p
         if self.mechanism == "none":
             return
         d = x0.numel()

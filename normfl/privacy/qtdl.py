@@ -372,7 +372,6 @@ class QTDL(_Privatizer):
         return tdl_levels(shape, self.m, self.alpha, gen, device)
 
 
-
 class Binomial(_Privatizer):
     """cpSGD baseline (NFA Sec. 6(i); Agarwal et al., arXiv:1805.10559): the same quantization plus centred
     Binomial(N, 1/2) noise on the integer grid.
@@ -400,4 +399,3 @@ class Binomial(_Privatizer):
 
     def noise_levels(self, shape: Shape, gen: torch.Generator, device: Device) -> torch.Tensor:
         return centered_binomial_levels(shape, self.trials, gen, device, self.p)
-
