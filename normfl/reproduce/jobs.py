@@ -29,7 +29,8 @@ from normfl.errors import ConfigError
 
 HERE = Path(__file__).resolve().parent
 GRIDS = HERE / "grids"
-CONF = HERE.parents[1] / "conf"
+ROOT = HERE.parents[1]                 # the checkout: conf/, train.py, and where runs are launched from
+CONF = ROOT / "conf"
 
 OPTIONAL_PROFILES = {  # profiles only some run groups define, and what they read differently from the paper's
     "text": "a round read literally, one minibatch step per client; spec A2",
@@ -101,8 +102,9 @@ def grid_points(name: str, profile: str) -> list[dict]:
     return points
 
 
+@functools.cache
 def sweep(name: str) -> dict[str, list]:
-    """A run group's Hydra sweep (``hydra.sweeper.params``) as lists of values."""
+    """A run group's Hydra sweep (``hydra.sweeper.params``) as lists of values (read once per process)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     path = CONF / "experiment" / f"{name}.yaml"

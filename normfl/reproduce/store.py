@@ -18,10 +18,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from normfl import checkpoint
-from normfl.reproduce.jobs import Job
+from normfl.reproduce.jobs import ROOT, Job
 from normfl.results import FINISHED
-
-ROOT = Path(__file__).resolve().parents[2]     # the checkout: train.py, and where runs are launched from
 
 
 def status(run_dir: Path) -> str:
