@@ -1,7 +1,7 @@
 """The parts every algorithm is built from: pure functions on tensors with a leading client axis.
 
 A "stack" is a ``[clients, d]`` tensor (one flat vector per client). Norms are one global l2 norm
-per row (spec normec.md §1.2), never per layer. Four kinds of part, each used by every algorithm
+per row (reading A15, docs/readings.md), never per layer. Four kinds of part, each used by every algorithm
 that needs it (the privatizers are in ``normfl.privacy.mechanisms``):
 
 - random streams: ``round_generator(seed, STREAM, round)``, one independent stream per use;
@@ -40,7 +40,7 @@ def row_norms(v: torch.Tensor) -> torch.Tensor:
 
 
 def norm_alpha(v: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Smoothed normalization Norm_α(v) = v / (α + ||v||), row-wise; Norm_0(0) = 0 [resolution]."""
+    """Smoothed normalization Norm_α(v) = v / (α + ||v||), row-wise; Norm_0(0) = 0 (reading A15)."""
     denom = alpha + row_norms(v)
     return v / torch.where(denom > 0, denom, torch.ones_like(denom))
 

@@ -12,7 +12,7 @@ variant alike (medians over ``--reps`` rounds, after one warm-up round):
   one client's batch at a time (the per-client loop floor);
 - ``dense floor``: the same samples, every client's batch of one step in ONE batch through one plain
   model (what a round costs if per-client gradients were free); on CUDA in channels_last and replayed
-  from a CUDA graph (``../shared/gpu/probes/dense_floor.py``);
+  from a CUDA graph;
 - ``paper-style``: the same work done the way the papers' public code does it: a deepcopy of the
   global model per client, a torch DataLoader over PIL images with torchvision transforms, and
   state-dict averaging (per-sample gradients by a loop over samples for DP-SGD);

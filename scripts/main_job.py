@@ -52,8 +52,8 @@ def main(run_dir: Path) -> None:
     print(f"NORMEC Table 2 prints {paper:.2f}% for it: {100 * acc - paper:+.2f} points.")
     if summary.get("reading", "text") == "text":
         print("This run took the text's reading of a round (one minibatch step per client), 300 steps in all. The "
-              "paper's numbers need a round read as one pass over each client's shard (spec A2; 140 steps a pass, "
-              "42,000 in all), which is a GPU job:\n  "
+              "paper's numbers need a round read as one pass over each client's shard (reading A2 in "
+              "docs/readings.md; 140 steps a pass, 42,000 in all), which is a GPU job:\n  "
               + GPU.format(beta=cfg.algo.beta, gamma=cfg.algo.gamma, sn=str(cfg.algo.server_norm).lower()))
 
 

@@ -3,10 +3,11 @@
     .venv/bin/python scripts/privacy_table.py > docs/privacy.md      (or: make privacy-table)
 
 For each setting the client releases, every round, a vector of norm <= 1 plus Gaussian noise of
-std z (z = p * sigma_mult, the papers' rule, spec normec.md §4.3). The epsilon columns are what
-dp-accounting's RDP and PLD accountants give at delta = 1e-5 for that z over K rounds, without and
-with a claim of amplification by Poisson sampling at rate p, for one client added or removed. The
-last columns solve the other way: the z that PLD needs to certify epsilon = 8.
+std z (z = p * sigma_mult, the papers' rule: NORMEC §6.2, FEDNORMEC §5, reading A1 in docs/readings.md).
+The epsilon columns are what dp-accounting's RDP and PLD accountants give at delta = 1e-5 for that z
+over K rounds, without and with a claim of amplification by Poisson sampling at rate p, for one
+client added or removed. The last columns solve the other way: the z that PLD needs to certify
+epsilon = 8.
 
 The privatizers and ledgers are the ones a run builds (``Privacy.gaussian``, ``accounting.ledger``), so
 these numbers are what a run's summary.json reports for the same settings.

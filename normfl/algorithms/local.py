@@ -81,7 +81,7 @@ def local_dpsgd(x: torch.Tensor, clients: Clients, steps: int, lr: float, mech: 
         g̃ = (Σ_s clip(∇ℓ(w; s)) + N(0, σ²C² I)) / B,   w = w - η g̃,
 
     the noise added by ``mech`` (``privacy.mechanisms.SampledGaussian``), with B = ``batch[i]``: client
-    i's expected batch size q·|D_i| (spec A.2), or a set divisor. Returns ([n, d] final models, [n] mean
+    i's expected batch size q·|D_i| (reading C-A18), or a set divisor. Returns ([n, d] final models, [n] mean
     losses of the first step's batches, the last step's batches, and the models that step started from)."""
     W, loss, batches, before = x, None, None, x
     for _ in range(steps):

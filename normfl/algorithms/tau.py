@@ -1,29 +1,28 @@
-"""Server-side choice of the local-iteration count τ* for ALI-DPFL (spec alidpfl_normfedavg.md A.4-A.6, C-A1..C-A5).
+"""Server-side choice of the local-iteration count τ* for ALI-DPFL (ALI Sec. III-D, IV; readings C-A1..C-A5).
 
 Pure numbers-in, numbers-out helpers; no model code. An ALI-DPFL server calls, once per round after aggregation,
 :func:`weighted_estimates` (Alg. 2 lines 17-18) and then :meth:`TauSelector.update` (Alg. 2 line 19).
 
-The bound (ALI Theorem 2, eq. 13, spec A.4)::
+The bound (ALI Theorem 2, eq. 13; App. A, B)::
 
-    h(x)  = ((ξ + δn)/β)·((1 + ηβ)^x − 1) − η(ξ + δn)·x          eq. 11, second term corrected (C-A16)
+    h(x)  = ((ξ + δn)/β)·((1 + ηβ)^x − 1) − η(ξ + δn)·x          eq. 11, second term corrected (reading C-A16)
     δn    = 2·√d·σ·C / B                                         Lemma 3
     D(τ)  = η·φ − ρ·h(τ)/(τ·λ²),   φ = ω·(1 − βη/2)               Theorem 2, conditions 2 and φ
     G(τ)  = 1/(T·D(τ)) + √3/3      (+inf where D(τ) ≤ 0 or T ≤ 0)   eq. 13
 
-**Why Condition I (R_s ≥ R_c) gives τ* ≡ 1** (A.4 "Consequences"). h(1) = 0 and h(τ)/τ is increasing, so D(τ) is
-largest at τ = 1; G decreases in T·D, hence with T the same for every τ the minimiser is τ = 1. A larger τ can only
-win when it buys a larger T. With T(τ) = min(R_s·τ, R_c) (C-A2) and R_s ≥ R_c, already T(1) = R_c, so T is the same
-for every τ and τ* = 1 (the ``remaining`` T mode agrees: with τ ≡ 1, R_s − k ≥ R_c − T_used). The selector
-therefore skips the search when R_s ≥ R_c (``adaptive`` is False), as the spec's A.6 procedure and the authors'
-code do.
+**Why Condition I (R_s ≥ R_c) gives τ* ≡ 1** (ALI Sec. VI-B; reading C-A2). h(1) = 0 and h(τ)/τ is increasing,
+so D(τ) is largest at τ = 1; G decreases in T·D, hence with T the same for every τ the minimiser is τ = 1. A larger τ
+can only win when it buys a larger T. With T(τ) = min(R_s·τ, R_c) (reading C-A2) and R_s ≥ R_c, already T(1) = R_c,
+so T is the same for every τ and τ* = 1 (the ``remaining`` T mode agrees: with τ ≡ 1, R_s − k ≥ R_c − T_used). The
+selector therefore skips the search when R_s ≥ R_c (``adaptive`` is False), as the authors' code does.
 
 Rules (``TauSelector.rule``):
 
 - ``g_bound_v1`` (default, faithful to the text): τ* = argmin_{τ ∈ 1..τ_m} G(τ), τ_m = min(2τ*, tau_cap, R_c − used)
-  (Sec. IV-B), with the spec's resolutions for the quantities the paper never estimates (C-A1, C-A3): F* = 0,
+  (Sec. IV-B), with normfl's readings of the quantities the paper never estimates (C-A1, C-A3): F* = 0,
   λ = clip(running min of the global loss, 1e-8, 1 − 1e-6), ω = running min of (||ĝ||/L̂)². If every G(τ) is +inf
   (e.g. ηβ ≥ 2 so φ ≤ 0), τ* is kept and ``infeasible_rounds`` counts it.
-- ``closed_form_code`` [external]: the authors' later public code (spec A.6)::
+- ``closed_form_code``: the authors' later public code, not the paper's text (reading C-A1)::
 
       B̂ = ⌊q·min_i |D_i|⌋;  T = min(R_s·τ*_prev, R_c);  N_σ = σ²C²d/B̂²
       τ_raw = sqrt(1 + (4/μ̂² + 3C² + 2·Γ̂·T·μ̂ + N_σ) / ((2 + 2/T)·(C² + N_σ) + 1e-6))
@@ -31,7 +30,7 @@ Rules (``TauSelector.rule``):
 
   with μ̂, Γ̂ from :func:`code_estimates` (``T_mode=remaining`` swaps in that mode's T at τ*_prev; the default
   ``static`` is the code's T). As in that code it is not limited to doubling nor to R_c − used; the
-  caller's τ_k = min(τ*, R_c − T_used) (C-A13) keeps the budget.
+  caller's τ_k = min(τ*, R_c − T_used) (reading C-A13) keeps the budget.
 """
 
 from __future__ import annotations
@@ -87,7 +86,7 @@ def _log1p_minus_x(c: float) -> float:
 
 
 def h(x: float, eta: float, beta: float, xi: float, noise: float) -> float:
-    """ALI eq. 11 (= eq. 24) with the corrected second term (spec A.4, C-A16).
+    """ALI eq. 11 (= eq. 24) with the corrected second term (ALI App. A; reading C-A16).
 
     ``h(x) = ((ξ + δn)/β)·((1 + ηβ)^x − 1) − η·(ξ + δn)·x`` with ``noise`` = δn (:func:`noise_constant`).
 
@@ -114,7 +113,7 @@ def h(x: float, eta: float, beta: float, xi: float, noise: float) -> float:
 
 
 def noise_constant(d: int, sigma: float, clip: float, batch: float) -> float:
-    """δn = 2·√d·σ·C / B, the bound on E||g̃ − g|| of ALI Lemma 3 (spec A.4); B is the expected batch q·|D_i|."""
+    """δn = 2·√d·σ·C / B, the bound on E||g̃ − g|| of ALI Lemma 3; B is the expected batch q·|D_i|."""
     if batch <= 0:
         raise ValueError(f"batch must be > 0, got {batch}")
     return 2.0 * math.sqrt(d) * sigma * clip / batch
@@ -122,7 +121,7 @@ def noise_constant(d: int, sigma: float, clip: float, batch: float) -> float:
 
 def bound_G(tau: int, T: float, eta: float, phi: float, rho: float, lam: float, beta: float, xi: float,
             noise: float) -> float:
-    """ALI eq. 13: G(τ) = 1/(T·D) + √3/3 with D = ηφ − ρ·h(τ)/(τ·λ²); +inf where D ≤ 0 or T ≤ 0 (spec A.4/A.6).
+    """ALI eq. 13: G(τ) = 1/(T·D) + √3/3 with D = ηφ − ρ·h(τ)/(τ·λ²); +inf where D ≤ 0 or T ≤ 0 (readings C-A1, C-A4).
 
     +inf also when D is not a finite number (e.g. h overflowed or an estimate is NaN).
     """
@@ -139,7 +138,7 @@ def bound_G(tau: int, T: float, eta: float, phi: float, rho: float, lam: float, 
 
 
 def total_iterations(tau: int, R_s: int, R_c: int, mode: str = "static", rounds_done: int = 0, used: int = 0) -> int:
-    """T(τ) in G (C-A2): the total local iterations the run will have if τ is used from now on.
+    """T(τ) in G (reading C-A2): the total local iterations the run will have if τ is used from now on.
 
     - ``static`` (the authors' code): T(τ) = min(R_s·τ, R_c).
     - ``remaining``: T(τ) = used + min((R_s − rounds_done)·τ, R_c − used), floored at ``used``.
@@ -167,13 +166,13 @@ def argmin_G(tau_max: int, T_of_tau: Callable[[int], float], eta: float, phi: fl
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Estimates (Alg. 2 lines 4, 14, 17-18; Sec. IV-B "Perform Estimate"; spec A.6, C-A5)
+# Estimates (Alg. 2 lines 4, 14, 17-18; Sec. IV-B "Perform Estimate"; reading C-A5)
 # ----------------------------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class Estimates:
-    """One round's server-side quantities, p-weighted over clients (spec A.6).
+    """One round's server-side quantities, p-weighted over clients (Alg. 2 line 18; reading C-A5).
 
     ``rho, beta, xi, loss, grad_norm`` feed ``g_bound_v1``; ``mu, gamma`` (μ̂, Γ̂ of :func:`code_estimates`) feed
     ``closed_form_code``. Fields a rule does not use may stay NaN/None.
@@ -211,10 +210,10 @@ def _as_matrix(grads: Any, n: int) -> np.ndarray:
 
 def weighted_estimates(weights: Sequence[float], rho_i: Sequence[float], beta_i: Sequence[float],
                        grads_global_i: Sequence[Any], loss_i: Sequence[float]) -> Estimates:
-    """Alg. 2 lines 17-18 with the spec's A.6 server quantities. ``weights`` are normalised to p_i = w_i/Σw.
+    """Alg. 2 lines 17-18 with the server quantities of reading C-A5. ``weights`` are normalised to p_i = w_i/Σw.
 
     ``grads_global_i`` holds ∇F_i at the new global model (a list of 1-D numpy arrays or torch tensors, or one
-    (N, d) array/tensor) and ``loss_i[i]`` is F_i there, both on client i's estimation data (C-A5).
+    (N, d) array/tensor) and ``loss_i[i]`` is F_i there, both on client i's estimation data (reading C-A5).
     Returns ρ = Σp_iρ_i, β = Σp_iβ_i, ξ = Σp_i||g_i − ĝ|| with ĝ = Σp_ig_i (eq. 9, Def. 2), loss = Σp_iL_i and
     grad_norm = ||ĝ||.
     """
@@ -236,7 +235,8 @@ def weighted_estimates(weights: Sequence[float], rho_i: Sequence[float], beta_i:
 
 def code_estimates(weights: Sequence[float], grad_diff_norms: Sequence[float], model_diff_norms: Sequence[float],
                    loss_diffs: Sequence[float]) -> tuple[float, float]:
-    """(μ̂, Γ̂) of the ``closed_form_code`` rule (spec A.6 [external]); ``weights`` are normalised to p_i.
+    """(μ̂, Γ̂) of the ``closed_form_code`` rule (reading C-A1: the authors' code, not the paper); ``weights`` are
+    normalised to p_i.
 
     - μ̂ = Σ_i p_i·||Δgrad_i|| / (||w_i − w_new|| + 1e-6)  ("strong-convexity" estimate);
     - Γ̂ = |Σ_i p_i·ΔF_i|.
@@ -258,7 +258,7 @@ def code_estimates(weights: Sequence[float], grad_diff_norms: Sequence[float], m
 
 def closed_form_tau(mu: float, gamma: float, clip: float, sigma: float, dim: int, batch_hat: int, T: float,
                     tau_cap: int = 100) -> tuple[int, float]:
-    """The authors' code rule (spec A.6 ``closed_form_code`` [external]); returns (τ*, τ_raw).
+    """The authors' code rule (``closed_form_code``, reading C-A1; not in the paper); returns (τ*, τ_raw).
 
     N_σ = σ²C²d/B̂²; τ_raw = sqrt(1 + (4/μ̂² + 3C² + 2Γ̂Tμ̂ + N_σ) / ((2 + 2/T)(C² + N_σ) + 1e-6));
     τ* = clamp(⌊τ_raw + 0.5⌋, 1, tau_cap) (the code's cap is 100). μ̂ must be > 0 and T > 0.
@@ -277,19 +277,19 @@ def closed_form_tau(mu: float, gamma: float, clip: float, sigma: float, dim: int
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The selector (Alg. 2 line 19; spec A.6)
+# The selector (Alg. 2 line 19; readings C-A1-C-A4)
 # ----------------------------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class TauSelector:
-    """Server-side τ* choice of ALI-DPFL Algorithm 2 (line 19), with the spec's [resolution]s as options.
+    """Server-side τ* choice of ALI-DPFL Algorithm 2 (line 19), with normfl's readings as options.
 
     Arguments: ``eta`` (η), ``noise`` (δn of :func:`noise_constant`), ``R_s``, ``R_c`` (rounds / DP-SGD iterations
-    the budgets allow), ``rule`` (:data:`TAU_RULES`), ``T_mode`` (:data:`T_MODES`, C-A2), ``tau_cap`` (100 in the
-    paper), ``lambda_const`` / ``omega_const`` (C-A1 overrides of the running λ, ω). ``closed_form_code`` also needs
-    ``clip`` (C), ``sigma`` (σ), ``dim`` (d) and ``batch_hat`` (B̂ = ⌊q·min_i|D_i|⌋), and per round ``est.mu`` and
-    ``est.gamma``.
+    the budgets allow), ``rule`` (:data:`TAU_RULES`), ``T_mode`` (:data:`T_MODES`, reading C-A2), ``tau_cap`` (100 in
+    the paper), ``lambda_const`` / ``omega_const`` (reading C-A1: overrides of the running λ, ω). ``closed_form_code``
+    also needs ``clip`` (C), ``sigma`` (σ), ``dim`` (d) and ``batch_hat`` (B̂ = ⌊q·min_i|D_i|⌋), and per round
+    ``est.mu`` and ``est.gamma``.
 
     State: ``tau`` (current τ*; Alg. 2 line 1 starts it at 1, the default), ``history`` (τ* returned by each
     :meth:`update`), ``infeasible_rounds`` (rounds whose τ* was kept because no τ was feasible or the estimates
@@ -338,11 +338,11 @@ class TauSelector:
 
     @property
     def adaptive(self) -> bool:
-        """Condition I (R_s ≥ R_c) switches the adaptation off: τ* ≡ 1 (A.4, A.6)."""
+        """Condition I (R_s ≥ R_c) switches the adaptation off: τ* ≡ 1 (ALI Sec. VI-B; reading C-A2)."""
         return self.R_s < self.R_c
 
     def T_of(self, tau: int, rounds_done: int, used: int) -> int:
-        """T(τ) of eq. 13 under this selector's ``T_mode`` (C-A2)."""
+        """T(τ) of eq. 13 under this selector's ``T_mode`` (reading C-A2)."""
         return total_iterations(tau, self.R_s, self.R_c, self.T_mode, rounds_done, used)
 
     def update(self, est: Estimates, rounds_done: int, used: int) -> int:
@@ -360,7 +360,7 @@ class TauSelector:
         return self.tau
 
     def _update_g_bound(self, est: Estimates, rounds_done: int, used: int) -> None:
-        # Running λ and ω (C-A1, C-A3), updated from every usable estimate even if a constant overrides them.
+        # Running λ and ω (readings C-A1, C-A3), updated from every usable estimate even if a constant overrides them.
         if math.isfinite(est.loss):
             self._loss_min = min(self._loss_min, est.loss)
         if math.isfinite(est.loss) and est.loss > 0 and math.isfinite(est.grad_norm):

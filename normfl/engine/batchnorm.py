@@ -1,4 +1,4 @@
-"""BatchNorm's running statistics: one rule for every backend (spec normec.md A4).
+"""BatchNorm's running statistics: one rule for every backend (reading A4, docs/readings.md).
 
 Every client's forward pass runs in train mode, so it normalises with the statistics of its own
 batch. The evaluation model's running statistics are updated by the clients' batches in client

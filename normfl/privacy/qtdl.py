@@ -29,7 +29,7 @@ from normfl.privacy.accounting import EpsDeltaRelease
 Shape = Sequence[int] | torch.Size
 Device = torch.device | str | None
 
-UNIFORM_AM = 1e-12   # below this alpha·m the TDL magnitudes are drawn uniformly (spec B.2)
+UNIFORM_AM = 1e-12   # below this alpha·m the TDL magnitudes are drawn uniformly (reading C-N13)
 SERIES_AM = 0.5      # below this alpha·m Lemma 1 is evaluated by a power series (the closed form cancels)
 
 
@@ -169,7 +169,7 @@ def tdl_delta(m: int, alpha: float, sens: Sensitivity, d: int) -> float:
 
 
 def _cpsgd_ok(n: int, epsilon: float, delta: float, d: int, sens: Sensitivity, p: float) -> bool:
-    """Both conditions of cpSGD Theorem 1 as transcribed in spec B.3, with s_c = 1."""
+    """Both conditions of cpSGD Theorem 1 (NFA's [2]), with s_c = 1 (reading C-N7)."""
     var = n * p * (1 - p)
     if var < max(23 * math.log(10 * d / delta), 2 * sens.linf):
         return False
@@ -184,7 +184,8 @@ def _cpsgd_ok(n: int, epsilon: float, delta: float, d: int, sens: Sensitivity, p
 
 
 def binomial_trials(epsilon: float, delta: float, d: int, sens: Sensitivity, p: float = 0.5) -> int:
-    """Smallest number of trials N meeting cpSGD Theorem 1 (spec B.3) for (ε, δ)-DP; both conditions are monotone."""
+    """Smallest number of trials N meeting cpSGD Theorem 1 (reading C-N7) for (ε, δ)-DP; both conditions are
+    monotone."""
     hi = 1
     while not _cpsgd_ok(hi, epsilon, delta, d, sens, p):
         hi *= 2
@@ -376,7 +377,8 @@ class Binomial(_Privatizer):
     """cpSGD baseline (NFA Sec. 6(i); Agarwal et al., arXiv:1805.10559): the same quantization plus centred
     Binomial(N, 1/2) noise on the integer grid.
 
-    ``bits`` applies eq. 7 with m = N, as the paper's tables do (spec B.3/B.8); an odd N gives half-integer levels.
+    ``bits`` applies eq. 7 with m = N, as the paper's tables do (NFA Tables 2, 4; reading C-N7); an odd N gives
+    half-integer levels.
     """
 
     name = "binomial"

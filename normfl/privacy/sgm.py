@@ -1,6 +1,6 @@
-"""Sample-level privacy of one ALI-DPFL client: DP-SGD as composed Sampled Gaussian Mechanisms (spec A.7).
+"""Sample-level privacy of one ALI-DPFL client: DP-SGD as composed Sampled Gaussian Mechanisms (ALI Sec. V).
 
-Every local DP-SGD step of a client (spec A.2) is one Sampled Gaussian Mechanism SG_{q,sigma}: Poisson
+Every local DP-SGD step of a client (ALI Sec. III-C) is one Sampled Gaussian Mechanism SG_{q,sigma}: Poisson
 sampling at rate q = B/|D_i|, per-sample clipping to C, Gaussian noise of std sigma*C. Each client is
 accounted separately; all clients share q and sigma, hence spend the same epsilon (ALI Sec. V).
 
@@ -10,16 +10,16 @@ The paper's accountant (ALI Sec. V, eqs. 14-18), reproduced here:
 
       eps_RDP(alpha) = 1/(alpha-1) * log sum_{k=0}^{alpha} C(alpha,k) (1-q)^(alpha-k) q^k exp((k^2-k)/(2 sigma^2))
 
-- T steps compose additively (Lemma 2). Eq. 18 sums t = 0..T, an off-by-one (spec C-A16); T is used.
-- Conversion to (eps, delta), eq. 14 (Mironov 2017, not the tighter Balle et al. one, spec A.7)::
+- T steps compose additively (Lemma 2). Eq. 18 sums t = 0..T, an off-by-one (reading C-A16); T is used.
+- Conversion to (eps, delta), eq. 14 (Mironov 2017, not the tighter Balle et al. one; reading C-A9)::
 
       eps(T) = min_{alpha in {2..64}} T * eps_RDP(alpha) + log(1/delta)/(alpha-1)
 
 - R_c, the number of steps the budget supports, by the authors' bisection (``bisect_tol``, the default,
   which reproduces nine of the paper's ten iteration counts) or by an exact integer search (``exact``).
 
-Neighbouring relation (spec C-A15): the paper defines neighbours as datasets that "differ in a single
-entry" (replace-one), but the SGM RDP bound above is the add/remove-one analysis. We use the paper's
+Neighbouring relation (reading C-A15, docs/readings.md): the paper defines neighbours as datasets that "differ
+in a single entry" (replace-one), but the SGM RDP bound above is the add/remove-one analysis. We use the paper's
 accountant as is, and account with dp-accounting under ``ADD_OR_REMOVE_ONE`` for the comparison values.
 """
 
@@ -36,7 +36,7 @@ import numpy as np
 from normfl.privacy.accounting import GaussianRelease, Ledger
 
 ORDERS_PAPER = tuple(range(2, 65))                            # "we select alpha from {2, 3, ..., 64}"
-ORDERS_BISECT = tuple(range(2, 64)) + (128, 256, 512)         # the authors' bisection (spec A.7); same R_c
+ORDERS_BISECT = tuple(range(2, 64)) + (128, 256, 512)         # the authors' bisection (reading C-A9); same R_c
 METHODS = ("bisect_tol", "exact")
 BISECT_MAX_STEPS = 100_000.0      # the bisection's search interval is [0, BISECT_MAX_STEPS]
 BISECT_TOL = 0.01                 # stop once eps(steps_high) - target <= BISECT_TOL
@@ -103,7 +103,7 @@ def paper_epsilon(steps: float, q: float, sigma: float, delta: float, orders: It
 
 
 def _bisect_tol(epsilon: float, q: float, sigma: float, delta: float) -> int:
-    """The authors' bisection over real step counts (spec A.7): steps_high always has eps > target."""
+    """The authors' bisection over real step counts (reading C-A9): steps_high always has eps > target."""
     def eps(steps: float) -> float:
         return _epsilon(steps, q, sigma, delta, ORDERS_BISECT)
 
@@ -142,7 +142,7 @@ def _exact(epsilon: float, q: float, sigma: float, delta: float) -> int:
 
 @functools.lru_cache(maxsize=256)
 def iterations_supported(epsilon: float, q: float, sigma: float, delta: float, method: str = "bisect_tol") -> int:
-    """R_c: the number of DP-SGD steps a client's budget (epsilon, delta) supports (spec A.7).
+    """R_c: the number of DP-SGD steps a client's budget (epsilon, delta) supports (ALI Sec. V; reading C-A9).
 
     - ``exact``: the largest integer T with ``paper_epsilon(T) <= epsilon`` (orders {2..64}); never overspends.
     - ``bisect_tol`` (the authors' procedure, reproduces the paper's counts): bisection over real T in
@@ -164,7 +164,7 @@ class ClientAccountant:
     """One client's DP-SGD privacy: q, sigma, delta, the budget epsilon and the accountant used for the stop rule.
 
     The stop rule uses the paper's accountant (``paper_epsilon``, ``budget_steps``); ``spent`` also reports
-    what dp-accounting's RDP and PLD accountants certify for the same steps, under add/remove-one (C-A15).
+    what dp-accounting's RDP and PLD accountants certify for the same steps, under add/remove-one (reading C-A15).
     """
 
     q: float

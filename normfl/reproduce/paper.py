@@ -3,17 +3,17 @@
 ``paper_numbers.csv`` (next to this module, UTF-8, one value per row) holds every number printed in
 the papers' tables, in the figures that are tables, and in the numeric claims the text makes about
 a figure, so that a report can put "ours | paper | difference" side by side. Values are transcribed
-from the specs, which quote the papers (checked against the paper texts in ``shared/papers``):
+from the paper texts (the ``source`` column cites the section, table or figure):
 
-- ``shared/spec/normec.md`` §6: NORMEC-EX1, NORMEC-F2, F4, F8, T2, F9, F11, F12 and
-  FEDNORMEC-F1 … F4 (NORMEC, FEDNORMEC; all CIFAR-10 + ResNet20).
-- ``shared/spec/alidpfl_normfedavg.md`` A.11: ALIDPFL-T2, T3, T4; A.7 / A.10: the iteration counts
-  R_c that ALI Sec. VI-B states for each ε (id ``ALIDPFL-TEXT6B``, see below).
-- ``shared/spec/alidpfl_normfedavg.md`` B.9: NORMFEDAVG-T2 … T6 (the bit widths t of T2/T4 are
-  the values B.8 re-derives) and the numeric claims of the captions of NORMFEDAVG-F1, F3, F4, F5.
+- NORMEC §3.4, §6 and App. I, FEDNORMEC §5 and App. D: NORMEC-EX1, NORMEC-F2, F4, F8, T2, F9, F11,
+  F12 and FEDNORMEC-F1 … F4 (all CIFAR-10 + ResNet20).
+- ALI Sec. VI-B: ALIDPFL-T2, T3, T4 (Tables II-IV) and the iteration counts R_c it states for each ε
+  (id ``ALIDPFL-TEXT6B``, see below).
+- NFA Sec. 6 and App. G: NORMFEDAVG-T2 … T6 (the bit widths t of T2/T4 are also what normfl derives,
+  reading C-N7 in docs/readings.md) and the numeric claims of the captions of NORMFEDAVG-F1, F3, F4, F5.
 
-Nothing here is computed: derived spec values (e.g. B.8's Δ, α, m, N; A.7's bisection and exact
-R_c rows; the "ε actually spent" row) are *not* paper numbers and are left out.
+Nothing here is computed: values normfl derives (e.g. QTDL's Δ, α, m and the Binomial's N; the R_c of
+the bisection and of the exact search; the ε actually spent) are *not* paper numbers and are left out.
 
 Omitted on purpose (no number to compare): the qualitative tables NORMEC-T1 (operator
 properties), ALIDPFL-T1 (notation) and NORMFEDAVG-T1 (✓/✗ comparison of related work); NORMEC-APPC
@@ -25,7 +25,7 @@ are not included either.
 Columns
 -------
 ``id``
-    The spec ID (``NORMFEDAVG-T6``, ``ALIDPFL-T2``, ``NORMEC-F12``, …). Numbers stated only in
+    The figure's or table's ID (``NORMFEDAVG-T6``, ``ALIDPFL-T2``, ``NORMEC-F12``, …). Numbers stated only in
     running text with no table/figure of their own get ``<PAPER>-TEXT<section>``: the one case is
     ``ALIDPFL-TEXT6B``, ALI Sec. VI-B's "ε = {1.55, …, 3.75} to support {79, …, 1585} iterations".
 ``dataset``
@@ -45,8 +45,8 @@ Columns
       (``epsilon=2.0``, ``beta=10.0``, ``gamma=0.001``, ``p=0.25``) and integers as integers
       (``tau=1``); see :func:`param_label`;
     - heatmaps: ``row`` is the first printed axis, ``column`` the second: NORMEC-F2
-      ``beta=…`` × ``alpha=…``; NORMEC-F12 ``beta=…`` × ``gamma=…`` (orientation as resolved by
-      the spec, A5);
+      ``beta=…`` × ``alpha=…``; NORMEC-F12 ``beta=…`` × ``gamma=…`` (orientation: reading
+      A5 in docs/readings.md);
     - ``name=all``: aggregated over that axis (a peak over a whole heatmap, a range over a row);
       ``name=a|b``: the claim covers those values;
     - best-configuration tables (NORMEC-F8, T2, F11): ``row=beta=…``, ``column=gamma`` (the best
@@ -73,7 +73,7 @@ Columns
     Where in the paper (``ALI Sec. VI-B Table II``, ``NFA App. G(iv) Table 6``, …).
 ``note``
     How to read it: mean over how many runs, "approximate" / "lower bound" / "upper bound" for
-    text claims ("about", "more than", "at most"), and the spec resolution a label depends on.
+    text claims ("about", "more than", "at most"), and the reading (docs/readings.md) a label depends on.
 
 Use :func:`paper_numbers` for the whole table and :func:`paper_value` for one number.
 """

@@ -13,12 +13,12 @@ Written by `make report` from the runs stored in `outputs/store` (not in git); t
 tables are in `docs/reproduction/<profile>/`, written by `make <id>` or `make figures`. Every number
 is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
 
-- **paper**: the papers' settings (spec `../shared/spec`). NORMEC and FEDNORMEC read a round as one
-  pass over each client's shard in minibatches (spec A2; 140 steps a pass with 10 clients, 70 with 20),
-  evaluated after every pass: a GPU job (about 42,000 steps a run). ALI-DPFL is evaluated every 5
-  rounds and at the last, instead of every round (the spec's resolution), to save time; tables
-  reading the final round are unaffected, "highest accuracy" cells are maxima over the evaluated
-  rounds.
+- **paper**: the papers' settings, read as `docs/readings.md` says where they leave a choice. NORMEC
+  and FEDNORMEC read a round as one pass over each client's shard in minibatches (reading A2; 140 steps
+  a pass with 10 clients, 70 with 20), evaluated after every pass: a GPU job (about 42,000 steps a run).
+  ALI-DPFL is evaluated every 5 rounds and at the last, instead of every round (reading C-A14), to save
+  time; tables reading the final round are unaffected, "highest accuracy" cells are maxima over the
+  evaluated rounds.
 - **text** (NORMEC and FEDNORMEC only): the text's literal reading of a round, one minibatch step
   per client, 300 steps, evaluated every 10 rounds. The runs made here before the paper profile
   took the pass reading are this profile's.
@@ -28,7 +28,7 @@ is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
   set by the grids' `quick:` lists and the run groups' profiles (`normfl/reproduce/grids/`,
   `groups.yaml`). Its numbers are not compared with the paper's.
 
-Data: CIFAR-10 results come from the JPEG copy in `../shared/data` (labelled so in every run's
+Data: CIFAR-10 results come from the offline JPEG copy (README, "Data"; labelled so in every run's
 summary); Fashion-MNIST is exact. Status, from the paper profile's runs: **reproduced** (every
 compared number within the tolerance), **deviates** (cause given), **partial** (some runs of the grid
 not trained yet; the comparison covers the stored ones), **drawn** (the paper prints no number for

@@ -16,7 +16,7 @@ from normfl.errors import ConfigError
 
 @dataclass(frozen=True)
 class Target:
-    id: str                  # spec ID, e.g. NORMEC-T2
+    id: str                  # the figure's or table's ID, e.g. NORMEC-T2
     grid: str                # grids/<grid>.yaml: the runs it draws
     title: str
     kind: str                # how it is drawn: a function of normfl.reproduce.figures.KINDS
@@ -34,16 +34,16 @@ class Target:
 # Tolerances and the causes of the known deviations (each cause is backed by a measurement in the
 # report or README; the report states "deviates" only where a compared number exceeds the tolerance).
 NORMEC_TOL = dict(tolerance=2.0, why="one seed (42) in the paper and here; CIFAR-10 from the JPEG copy")
-A2_CAUSE = ("Spec ambiguity A2 (text profile): a round read literally is one minibatch of 32 per client, so "
-            "300 rounds are about two epochs (four with FEDNORMEC's 20 clients); under this reading NORMEC-T2's "
+A2_CAUSE = ("Reading A2 (docs/readings.md), text profile: a round read literally is one minibatch of 32 per client, "
+            "so 300 rounds are about two epochs (four with FEDNORMEC's 20 clients); under this reading NORMEC-T2's "
             "best run reaches 59.9% (no SN, β = γ = 1), not 86%. The other reading, a round as one pass over each "
             "client's shard (140 minibatch steps with NORMEC's 10 clients, 70 with FEDNORMEC's 20), reaches the "
             "paper's magnitudes: 300 passes of α-NormEC at β = γ = 0.1 end at 85.5% with SN (Table 2: 85.43%) and "
-            "83.4% without (86.09%), measured on an H100 (../shared/gpu/README.md). That reading is now the paper "
+            "83.4% without (86.09%), measured on an H100 by a stand-alone probe. That reading is now the paper "
             "profile's; its runs are GPU jobs (about 42,000 steps each) not yet made with normfl's own runner.")
-NORMEC_CAUSE = (A2_CAUSE + " DP runs: with the noise rule of spec A1 each unit-norm message gets noise of std "
+NORMEC_CAUSE = (A2_CAUSE + " DP runs: with the noise rule of reading A1 each unit-norm message gets noise of std "
                 "sqrt(K ln(1/δ))/ε ≈ 7.3 per coordinate, which keeps them near chance.")
-FED_CAUSE = ("DP runs: spec A1's noise has std p·sqrt(K ln(1/δ))/ε per coordinate on each client's unit-norm Δ_i "
+FED_CAUSE = ("DP runs: reading A1's noise has std p·sqrt(K ln(1/δ))/ε per coordinate on each client's unit-norm Δ_i "
              "(7.35 at p = 1, 1.84 at p = 0.25), in d = 269,722 dimensions a vector of norm about 3,800 (950) "
              "against a message of norm 1: the 18 runs of FEDNORMEC-F1's paper grid (F-EC) end at 8.2-13.2% "
              "test accuracy (best over rounds 14.9%; chance is 10%). Without the noise the same run (p = 1, "
@@ -64,21 +64,21 @@ ALI_CAUSE = ("Checked against the authors' code, setting by setting, at R_c = 17
              "(ρ -0.1 to -0.9: the direction, at a tenth of the size); the code reading's moves -1.7 to +0.1 "
              "(ρ -0.7 to +0.1), within its 20% test subsets' noise of about 0.8 points. No setting probed at "
              "R_c = 177 restores the paper's fall (each within 0.6 points from τ = 1 to 5). Fixed τ runs "
-             "min(R_s, ⌊R_c/τ⌋) rounds (spec A.3, C-A13), so in both readings the R_s = 2R_c, ε = 1.75 column "
+             "min(R_s, ⌊R_c/τ⌋) rounds (reading C-A13), so in both readings the R_s = 2R_c, ε = 1.75 column "
              "repeats the R_s = R_c one (to 0.01 point), where the paper's differs (τ = 5: 78.48 against "
              "79.64); the code has no budget stop, its round counts were set by hand.")
 NFA_TOL = dict(tolerance=1.0, why="3 seeds (paper std ≤ 0.15); unstated details (batch order, the "
                "sampler's dropped tail) move the mean by a few tenths")
 NFA_BIN_CAUSE = ("Seed 0 only so far. The Binomial column trains 1.7 points better than the paper's (19.11 vs "
-                 "20.82) while both QTDL columns are within 0.5; its N = 2,843,701 and t = 23 match App. B.8 "
-                 "exactly (tests/test_qtdl.py), so the gap is in training, not in the mechanism's parameters. "
-                 "Not resolved.")
+                 "20.82) while both QTDL columns are within 0.5; its N = 2,843,701 and t = 23 are what reading C-N7 "
+                 "derives (t as in Table 4; tests/test_qtdl.py), so the gap is in training, not in the mechanism's "
+                 "parameters. Not resolved.")
 NFA_T5_CAUSE = ("Aggregate-level noise is read as each client's own draw for sensitivities Δ/r (the paper's "
-                "per-client m_i, α_i; noise_at=client_aggregate): the spec's single server draw on the mean (C-N6) "
-                "has 5 times the std there and made every run diverge within 5 rounds. With it DP-NormFedAvg "
-                "and Clipping(C = 0.5) train; Clipping(C = 0.1, 0.25) still diverge: they take the same noise "
-                "(spec B.4) with β_0 = 10 and 4 (App. H), 10 and 4 times DP-NormFedAvg's noise on the model "
-                "each round. Not resolved.")
+                "per-client m_i, α_i; noise_at=client_aggregate, reading C-N6): one server draw on the mean "
+                "(noise_at=server) has 5 times the std there and made every run diverge within 5 rounds. With it "
+                "DP-NormFedAvg and Clipping(C = 0.5) train; Clipping(C = 0.1, 0.25) still diverge: they take the same "
+                "noise (NFA Sec. 6(ii), App. G(iii)) with β_0 = 10 and 4 (App. H), 10 and 4 times DP-NormFedAvg's "
+                "noise on the model each round. Not resolved.")
 NFA_CIFAR_TOL = dict(tolerance=2.0, why="3 seeds; CIFAR-10 from the JPEG copy")
 
 # Line colours and styles the captions state (NORMEC-F1: β = 0.01 blue, 0.1 green, 1.0 orange, 10
