@@ -66,6 +66,8 @@ class ClientEngine:
 
     def grads(self, x: torch.Tensor, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """x: ``[d]`` (every client at the same point) or ``[n, d]``; returns ``([n, d], [n])``."""
+        if not batches:                                      # nobody computes (an empty Bernoulli draw)
+            return x.new_zeros(0, self.flat.dim), x.new_zeros(0)
         if all(len(b) == 1 and b[0][2] == 1.0 for b in batches):     # one minibatch each: no reweighting
             piece = [b[0] for b in batches]
             return self._backend(piece)(x, piece)

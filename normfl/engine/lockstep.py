@@ -148,7 +148,7 @@ def _stackable(request) -> bool:
     if kind == "clip":
         return clients.engine.stacked.norm_layers is not None
     batches = args[1]
-    return all(len(b) == 1 and b[0][2] == 1.0 for b in batches)
+    return len(batches) > 0 and all(len(b) == 1 and b[0][2] == 1.0 for b in batches)
 
 
 def _alone(request):
