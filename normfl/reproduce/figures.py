@@ -73,7 +73,7 @@ def caption(df: pd.DataFrame, profile: str) -> str:
     return "; ".join(parts)
 
 
-# ---------------------------------------------------------------- selection rules (spec normec.md §5.4)
+# ---------------------------------------------------------------- selection rules (reading A8, docs/readings.md)
 def tuned(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """For each group of ``by``, the run with the best final test accuracy (the papers' "tuned γ";
     diverged runs have none and are never chosen)."""
@@ -114,11 +114,12 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _save(fig, path: Path, title: str, note: str) -> list[Path]:
+def _save(fig, path: Path, title: str, note: str, suffixes=(".png", ".pdf")) -> list[Path]:
+    """Title ``fig``, write it as ``path`` with each of ``suffixes`` and close it (also ``normfl.collect``'s)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.suptitle(f"{title}\n{note.replace('**', '')}", fontsize=8)
     fig.tight_layout()
-    out = [path.with_suffix(".png"), path.with_suffix(".pdf")]
+    out = [path.with_suffix(s) for s in suffixes]
     for p in out:                        # no timestamps: a redraw of the same runs is byte-identical
         fig.savefig(p, dpi=120, metadata={"CreationDate": None} if p.suffix == ".pdf" else {})
     plt.close(fig)

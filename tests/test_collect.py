@@ -1,0 +1,121 @@
+"""``python -m normfl.collect``: a real sweep tabulated and drawn, a diverged and a failed run beside it,
+and every refusal in one line."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from normfl.collect import collect, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "normfl.collect", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def rows(markdown: str) -> list[dict]:
+    """A markdown table's rows as {column: cell}."""
+    header, _, *body = [[c.strip() for c in line.strip("|").split("|")] for line in markdown.strip().splitlines()]
+    return [dict(zip(header, r, strict=True)) for r in body]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, data_root) -> Path:
+    """Two private runs, β = 0.01 and 0.1, in job folders named by their number."""
+    out = tmp_path_factory.mktemp("sweep")
+    cmd = [sys.executable, "train.py", "-m", "algo=normec", "dataset=fashion_mnist", "dataset.train_limit=600",
+           "dataset.test_limit=200", "model=logreg", "rounds=3", "clients=3", "algo.private=true",
+           "algo.beta=0.01,0.1", "progress=false", f"data_root={data_root}", f"hydra.sweep.dir={out}",
+           "hydra.sweep.subdir=${hydra.job.num}"]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["0", "1"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def broken(sweep, tmp_path_factory) -> Path:
+    """Old-style job folders: a run that diverged after round 2 (β = 0.5) and one that failed (β = 0.9)."""
+    out = tmp_path_factory.mktemp("broken")
+    div, failed = out / "2_algo.beta=0.5", out / "3_algo.beta=0.9"
+    for d, beta in ((div, 0.5), (failed, 0.9)):
+        shutil.copytree(sweep / "0" / ".hydra", d / ".hydra")
+        cfg = d / ".hydra" / "config.yaml"
+        cfg.write_text(cfg.read_text().replace("beta: 0.01", f"beta: {beta}"))
+    shutil.copy(sweep / "0" / "metrics.csv", div / "metrics.csv")
+    m = pd.read_csv(div / "metrics.csv")
+    m.loc[3, ["train_loss", "test_loss", "test_acc"]] = [float("inf"), float("nan"), float("nan")]
+    m.to_csv(div / "metrics.csv", index=False)
+    s = json.loads((sweep / "0" / "summary.json").read_text())
+    (div / "summary.json").write_text(json.dumps({**s, "status": "diverged", "final_test_acc": None}))
+    (failed / "summary.json").write_text(json.dumps({"status": "failed", "error": "RuntimeError('boom')"}))
+    return out
+
+
+def test_a_sweep_becomes_a_table_a_file_and_a_plot(sweep, tmp_path):
+    out = cli(sweep, "--by", "algo.beta", "--out", tmp_path / "t.md", "--plot", tmp_path / "c.png")
+    assert out.returncode == 0, out.stderr
+    table = rows(out.stdout)
+    assert [r["algo.beta"] for r in table] == ["0.01", "0.1"]
+    assert list(table[0]) == ["algo.beta", "status", "final acc %", "best acc %", "best round", "ε (certified)",
+                              "ε (target)", "rounds run", "wall time (s)", "dir"]
+    for r, job in zip(table, ("0", "1"), strict=True):
+        s = json.loads((sweep / job / "summary.json").read_text())
+        p = s["privacy"]
+        assert r["status"] == "completed" and r["dir"] == str(sweep / job) and r["rounds run"] == "3"
+        assert r["final acc %"] == f"{100 * s['final_test_acc']:.2f}" and r["best round"] == str(s["best_round"])
+        assert r["best acc %"] == f"{100 * s['best_test_acc']:.2f}"
+        assert r["ε (certified)"] == f"{min(p['epsilon_pld'], p['epsilon_rdp']):.2f}" and r["ε (target)"] == "8.00"
+    assert (tmp_path / "t.md").read_text() == out.stdout
+    assert (tmp_path / "c.png").stat().st_size > 1000 and not list(tmp_path.glob(".*tmp"))
+
+
+def test_default_columns_are_the_swept_keys_and_csv_holds_the_numbers(sweep, tmp_path, capsys):
+    main([str(sweep), "--out", str(tmp_path / "t.csv")])
+    assert list(rows(capsys.readouterr().out)[0])[:2] == ["algo.beta", "status"]
+    csv = pd.read_csv(tmp_path / "t.csv")
+    assert list(csv["algo.beta"]) == [0.01, 0.1] and list(csv["dir"]) == [str(sweep / "0"), str(sweep / "1")]
+    s = json.loads((sweep / "1" / "summary.json").read_text())
+    assert csv["final acc %"][1] == pytest.approx(100 * s["final_test_acc"])
+    assert csv["wall time (s)"][1] == pytest.approx(s["wall_time_s"])
+
+
+def test_diverged_and_failed_runs_have_a_status_and_no_accuracy(sweep, broken, tmp_path, capsys):
+    main([str(sweep), str(broken), "--by", "algo.beta,rounds", "--by", "seed", "--plot", str(tmp_path / "c.pdf")])
+    table = rows(capsys.readouterr().out)
+    assert [(r["algo.beta"], r["rounds"], r["seed"], r["status"]) for r in table] == [
+        ("0.01", "3", "42", "completed"), ("0.1", "3", "42", "completed"),
+        ("0.5", "3", "42", "diverged"), ("0.9", "3", "42", "failed")]
+    assert all(r[c] == "–" for r in table[2:] for c in ("final acc %", "best acc %", "best round"))
+    assert table[3]["ε (certified)"] == "–" and (tmp_path / "c.pdf").stat().st_size > 1000
+    df = collect(broken, keys=("algo.beta", "rounds"))         # the Python API, extended
+    assert list(df["algo.beta"]) == [0.5, 0.9] and list(df["status"]) == ["diverged", "failed"]
+    assert df["epsilon"][0] < df["target_epsilon"][0] * 2 and df["epsilon"].isna()[1]
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["{missing}"], 2, "invalid path {missing}: no such directory"),
+    (["{empty}"], 1, "no run (a folder holding a summary.json) at or below {empty}"),
+    (["{sweep}", "--out", "{tmp}/t.txt"], 2, "invalid --out={tmp}/t.txt; allowed: a file path ending in .md or .csv"),
+    (["{sweep}", "--out", "{empty}.md"], 2, "invalid --out={empty}.md (a directory); allowed: a file path"),
+    (["{sweep}", "--plot", "{tmp}/c.jpg"], 2, "invalid --plot={tmp}/c.jpg; allowed: a file path ending in .png"),
+    (["{sweep}", "--by", "algo.bta"], 2, "invalid --by=algo.bta: no run's config has it; allowed: dotted"),
+    (["{sweep}", "--plot", "{tmp}/c.png", "--metric", "acc"], 2, "invalid --metric=acc; allowed: a column of"),
+])
+def test_bad_input_is_refused_in_one_line(sweep, tmp_path, capsys, args, code, message):
+    names = {"missing": tmp_path / "nope", "empty": tmp_path / "empty", "sweep": sweep, "tmp": tmp_path}
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty.md").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main([a.format(**names) for a in args])
+    err = capsys.readouterr()
+    assert exit_.value.code == code and err.out == ""
+    assert err.err.startswith("normfl: " + message.format(**names)) and err.err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "empty.md"]     # nothing written
