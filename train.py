@@ -4,9 +4,20 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 sys.path.append(str(Path(__file__).resolve().parent / "normfl" / "launchers"))   # hydra/launcher=stacked
+
+
+def _store_key(*, _root_):
+    """``hydra.sweep.subdir=<store>/${store_key:}``: a job's run store folder (``python -m normfl.reproduce run
+    ID --launcher NAME``). Hydra hands resolvers to its launchers' worker processes."""
+    from normfl.run.cli import store_key
+
+    return store_key(_root_)
+
+
+OmegaConf.register_new_resolver("store_key", _store_key, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

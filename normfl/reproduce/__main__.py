@@ -7,7 +7,7 @@
     adopt DIRS...   copy finished hand-made runs into the store when a grid needs them
     together DIRS.. train the runs whose configs the driver left in DIRS side by side (``run --stack``)
 
-IDs are written as in the specs or as make targets (NORMEC-T2 = normec-t2 = normec_t2).
+IDs are written as in REPRODUCTION.md or as make targets (NORMEC-T2 = normec-t2 = normec_t2).
 """
 
 from __future__ import annotations
@@ -49,8 +49,17 @@ def main(argv=None) -> None:
     ap.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
     ap.add_argument("--store", type=Path, default=None, help=f"the run store (default: ${STORE_ENV}, else "
                     "outputs/store under the working directory)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--launcher", default=None, help="train through this Hydra launcher (slurm, joblib, "
+                    "submitit_local, stacked): one `train.py -m` sweep per block of the grid, each job into its "
+                    "store folder; key=value words among the names go to train.py, e.g. hydra.launcher.partition=gpu")
+    args = ap.parse_intermixed_args(argv)
     args.store = store_dir(args.store)
+    args.overrides = [n for n in args.names if "=" in n]
+    args.names = [n for n in args.names if "=" not in n]
+    if args.overrides and args.launcher is None:
+        raise ConfigError("--launcher", None, f"a Hydra launcher for the train.py overrides {args.overrides}")
+    if args.launcher and args.match:
+        raise ConfigError("--match", args.match, "no --match with --launcher (a launcher trains whole sweeps)")
 
     from normfl.reproduce import targets
 
@@ -76,6 +85,9 @@ def main(argv=None) -> None:
                 for j in job_list:
                     print(f"  {store.status(j.dir(args.store)):9s} {j.key}  {j.command()}")
                 continue
+            if args.launcher:
+                launch(t, args)
+                continue
             store.run_missing(job_list, args.store, args.parallel, args.threads, args.retry_failed,
                               stack=args.stack or store.default_stack())
     if args.command in ("run", "figures") and not args.dry_run:
@@ -90,6 +102,22 @@ def main(argv=None) -> None:
         path = report.write(args.store)
         print(f"wrote {path.relative_to(store.ROOT)}")
     return None
+
+
+def launch(target, args) -> None:
+    """Train an ID's grid through a Hydra launcher: a ``train.py -m`` sweep per block, its jobs writing into
+    their store folders (``${store_key:}``; finished runs there are left as they are, killed ones resume),
+    its table of jobs in ``launches/<id>/<time>`` beside the store."""
+    import subprocess
+    import time
+
+    sweep_dir = args.store.parent / "launches" / target.slug / time.strftime("%Y-%m-%d_%H-%M-%S")
+    for i, overrides in enumerate(jobs.sweeps(target.grid, args.profile)):
+        cmd = [sys.executable, str(store.ROOT / "train.py"), "-m", *overrides, f"hydra/launcher={args.launcher}",
+               f"hydra.sweep.dir={sweep_dir / str(i)}", f"hydra.sweep.subdir={args.store}/${{store_key:}}",
+               "progress=false", *([f"threads={args.threads}"] if args.threads else []), *args.overrides]
+        print("  " + " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, cwd=store.ROOT, check=False)
 
 
 def together(dirs: list[str], threads: int | None) -> None:

@@ -33,7 +33,7 @@ ROOT = HERE.parents[1]                 # the checkout: conf/, train.py, and wher
 CONF = ROOT / "conf"
 
 OPTIONAL_PROFILES = {  # profiles only some run groups define, and what they read differently from the paper's
-    "text": "a round read literally, one minibatch step per client; spec A2",
+    "text": "a round read literally, one minibatch step per client; reading A2",
     "code": "the ALI-DPFL authors' code as it runs: experiment=alidpfl_authors_code, their split, divisor 64 "
             "and 20% test subsets; Fashion-MNIST only",
 }
@@ -86,20 +86,40 @@ def load_grid(name: str) -> dict:
     return _load(path)
 
 
-def grid_points(name: str, profile: str) -> list[dict]:
-    """The grid points of an ID's grid under a profile, in file order."""
+def blocks(name: str, profile: str) -> list[tuple[str, dict[str, list]]]:
+    """An ID's grid under a profile as (run group, lists of values by key) pairs, one per block and group,
+    in file order: the group's own sweep, then the block's lists, then the profile's."""
     if profile not in PROFILES:
         raise ConfigError("profile", profile, " | ".join(PROFILES))
     spec = load_grid(name)
     replace = spec.get(profile, {}) if profile != "paper" else {}   # the profile's lists, in every block
-    points = []
+    out = []
     for block in spec["grid"]:
         for experiment in replace.get("experiment", block["experiment"]):
             lists = {**sweep(experiment), **{k: v for k, v in block.items() if k != "experiment"}}
-            lists = {k: replace.get(k, v) for k, v in lists.items()}
-            for values in itertools.product(*lists.values()):
-                points.append({"experiment": experiment, **dict(zip(lists, values, strict=True))})
-    return points
+            out.append((experiment, {k: replace.get(k, v) for k, v in lists.items()}))
+    return out
+
+
+def grid_points(name: str, profile: str) -> list[dict]:
+    """The grid points of an ID's grid under a profile, in file order."""
+    return [{"experiment": experiment, **dict(zip(lists, values, strict=True))}
+            for experiment, lists in blocks(name, profile) for values in itertools.product(*lists.values())]
+
+
+def sweeps(name: str, profile: str) -> list[list[str]]:
+    """An ID's grid as ``train.py -m`` sweeps, one per block and run group: ``experiment=<group>``, every list
+    of the block (``key=v1,v2``, replacing the group's own sweep), the group's profile settings and
+    ``profile``. Their jobs are ``jobs``'s, so a Hydra launcher (SLURM, joblib, ...) can train a grid."""
+    if not has_profile(name, profile):
+        jobs(name, profile)                                   # raises the error that says which profiles exist
+    out = []
+    for experiment, lists in blocks(name, profile):
+        fixed = settings(experiment, profile)
+        out.append([f"experiment={experiment}", *(f"{k}={','.join(value_text(v) for v in vs)}"
+                                                  for k, vs in lists.items() if k not in fixed),
+                    *(f"{k}={value_text(v)}" for k, v in fixed.items()), f"profile={profile}"])
+    return out
 
 
 @functools.cache
