@@ -5,10 +5,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 # Paper figures and tables (see REPRODUCTION.md): make <id> [profile=paper|text|code|quick] [parallel=N] [stack=N]
+# [launcher=slurm|joblib|submitit_local|stacked ARGS="hydra.launcher.partition=gpu ..."]
 profile  ?= paper
 parallel ?= 1
 stack    ?=
-RUNOPTS   = --profile $(profile) --parallel $(parallel) $(if $(stack),--stack $(stack))
+launcher ?=
+RUNOPTS   = --profile $(profile) --parallel $(parallel) $(if $(stack),--stack $(stack)) \
+            $(if $(launcher),--launcher $(launcher))
 IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normec-f8 normec-f9 normec-t2 normec-f10 normec-f11 normec-f12 normec-f13 \
        fednormec-f1 fednormec-f2 fednormec-f3 fednormec-f4 fednormec-f5 alidpfl-t2 alidpfl-t3 \
@@ -32,8 +35,8 @@ run: $(STAMP)              ## the main job: NORMEC's default setup (make run ARG
 	$(BIN)/python train.py eval_every=10 hydra.run.dir=$(RUN_DIR) $(ARGS)
 	$(BIN)/python scripts/main_job.py $(RUN_DIR)
 
-test: $(STAMP)             ## the test suite (real data slices from ../shared/data)
-	$(BIN)/python -m pytest -q $(ARGS)
+test: $(STAMP)             ## the test suite (real data slices from the offline copies, `offline_data`), two processes
+	$(BIN)/python -m pytest -q -n 2 $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check normfl tests scripts train.py

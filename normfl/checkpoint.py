@@ -18,11 +18,13 @@ NAME = "checkpoint.pt"
 
 
 def snapshot(run, wall_time_s: float) -> dict:
-    """Everything a ``Training`` needs to go on from the round it has just ended: the model, the records,
-    the algorithm's ``state``, the clients' batch streams, the model's buffers and the backend chosen."""
+    """Everything a ``Training`` needs to go on from the step it has just taken: the model, the records,
+    the algorithm's ``state``, the clients' batch streams, the model's buffers, the backend chosen, and the
+    steps of a round under way (its losses and uploads so far: Ctrl-C may stop a pass part-way)."""
     return {"x": run.x, "sent": run.sent, "rows": run.rec.rows, "algo": run.algo.state_dict(),
             "data": run.clients.data.state_dict(), "buffers": run.setup.flat.buffers(),
-            "backend": run.clients.engine.backend, "wall_time_s": wall_time_s}
+            "backend": run.clients.engine.backend, "wall_time_s": wall_time_s,
+            "step": run.step, "losses": run.losses, "uploads": run.uploads}
 
 
 def restore(run, state: dict) -> None:

@@ -11,6 +11,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES
@@ -18,7 +19,7 @@ from normfl.algorithms.local import OPERATORS
 from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
 from normfl.algorithms.tau import T_MODES, TAU_RULES
 from normfl.data.clients import ORACLES
-from normfl.data.sources import SPLITS
+from normfl.data.sources import SPLITS, holdout_indices, npz_client_ids
 from normfl.data.transforms import SCALES
 from normfl.engine import BACKENDS, PRECISIONS
 from normfl.engine.flat import pick_device
@@ -28,7 +29,7 @@ from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
 EPSILON_MAX = 100.0                         # the largest privacy.epsilon a run takes
-READINGS = ("text", "pass")                 # what one round is (NORMEC spec A2); see conf/config.yaml
+READINGS = ("text", "pass")                 # what one round is (reading A2, docs/readings.md)
 GRID_PROFILES = ("paper", "text", "code", "quick")  # the settings a figure's grid runs with (make <id> profile=...)
 PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's grid, or by hand
 
@@ -59,10 +60,54 @@ def _choice(cfg, key, options, optional=True):
         raise ConfigError(key, v, " | ".join(map(str, options)))
 
 
+def _natural(cfg: DictConfig) -> bool:
+    return (_get(cfg, "partition._target_") or "").endswith(".natural")
+
+
+def resolve_clients(cfg: DictConfig) -> None:
+    """partition=natural: the number of clients is the data's. ``clients=null`` becomes the number of distinct
+    client ids among the training samples the run uses (the npz's `client` array, after dataset.split=holdout
+    and dataset.train_limit); an explicit ``clients`` that differs is refused. Reads only that array (and `y`).
+    Call it before ``validate`` and ``config_key``, so that both, and the recorded config, hold the count.
+    Other partitions, or a dataset.path that is missing or no file, are left to ``validate``."""
+    ds = _get(cfg, "dataset")
+    if not _natural(cfg) or not isinstance(ds, DictConfig) or "path" not in ds or OmegaConf.is_missing(ds, "path"):
+        return
+    path, split, limit = ds.path, ds.get("split", "standard"), ds.get("train_limit")
+    if not isinstance(path, str) or not Path(path).is_file():
+        return
+    if split in ("pooled", "per_client"):
+        raise ConfigError("dataset.split", split, "standard or holdout with partition=natural (test samples have "
+                          "no client ids)")
+    ids = npz_client_ids(path)
+    if ids is None:
+        raise ConfigError("partition", "natural", f"only with an npz carrying a `client` array ({path} has none)")
+    cuts = []
+    if split == "holdout":
+        try:
+            ids = ids[holdout_indices(len(ids), ds.holdout_fraction, ds.split_seed)[0]]
+        except (TypeError, ValueError):          # a bad holdout_fraction or split_seed: validate names it
+            return
+        cuts.append("dataset.split=holdout")
+    if isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit < len(ids):
+        ids = ids[:limit]
+        cuts.append(f"dataset.train_limit={limit}")
+    where = f" in the {len(ids)} training samples the run uses: {', '.join(cuts)}" if cuts else ""
+    count = len(np.unique(ids))
+    if cfg.clients is None:
+        cfg.clients = count
+    elif cfg.clients != count or isinstance(cfg.clients, bool):
+        raise ConfigError("clients", cfg.clients, f"{count} (the distinct client ids of {path}'s client array"
+                          f"{where}) with partition=natural, or null")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value."""
     _number(cfg, "rounds", lambda v: v >= 1, "an integer >= 1", integer=True)
-    _number(cfg, "clients", lambda v: v >= 1, "an integer >= 1", integer=True)
+    if _get(cfg, "clients") is None and not _natural(cfg):
+        raise ConfigError("clients", None, "an integer >= 1 (null only with partition=natural: the number of "
+                          "distinct client ids in the data)")
+    _number(cfg, "clients", lambda v: v >= 1, "an integer >= 1", integer=True, optional=True)
     _number(cfg, "seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", integer=True)
     _number(cfg, "batch_size", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
@@ -121,7 +166,8 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "privacy.neighbouring", RELATIONS, optional=False)
     _choice(cfg, "privacy.amplification", (True, False), optional=False)
     _choice(cfg, "accountant.name", ("paper",) + ACCOUNTANTS, optional=False)
-    formula = cfg.privacy.calibration == "paper" or cfg.accountant.name == "paper"
+    _validate_calibration(cfg)
+    formula = cfg.privacy.calibration == "paper"
     if (not formula and cfg.accountant.name == "rdp" and cfg.privacy.neighbouring == "replace"
             and cfg.privacy.amplification):
         raise ConfigError("accountant", "rdp", "pld for Poisson sampling under replace-one (dp-accounting's RDP "
@@ -138,7 +184,8 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "algo.bounding", BOUNDINGS)
     _choice(cfg, "algo.noise_by", ("client", "server"))
     if _get(cfg, "algo.participation") == "cohort":
-        _number(cfg, "algo.cohort_size", lambda v: 1 <= v <= cfg.clients, f"an integer in [1, clients={cfg.clients}]",
+        _number(cfg, "algo.cohort_size", lambda v: 1 <= v <= (cfg.clients or math.inf),
+                f"an integer in [1, clients={cfg.clients}]",
                 integer=True)
         if cfg.privacy.amplification and cfg.algo.get("private"):
             raise ConfigError("privacy.amplification", True, "false with cohort participation (amplification is "
@@ -176,6 +223,26 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("partition", "natural", "only with dataset=npz carrying a `client` array")
 
 
+def _validate_calibration(cfg: DictConfig) -> None:
+    """A certificate asked for half-way is refused, never replaced by the papers' formula: the noise is
+    calibrated by an accountant only with both ``privacy.calibration=accountant`` and ``accountant=rdp|pld``."""
+    calibration, accountant = cfg.privacy.calibration, cfg.accountant.name
+    own = {"normfl.algorithms.NormFedAvg": "its noise comes from NFA Theorem 1 (QTDL) or cpSGD (Binomial)",
+           "normfl.algorithms.DPFL": "its noise is algo.sigma, and its budget R_c comes from its own accountant"}
+    if (why := own.get(_get(cfg, "algo._target_"))) and (calibration, accountant) != ("paper", "paper"):
+        raise ConfigError("privacy.calibration" if calibration != "paper" else "accountant",
+                          calibration if calibration != "paper" else accountant,
+                          f"paper (privacy.calibration=paper accountant=paper) with algo={cfg.algo.name}: {why}")
+    if calibration == "accountant" and accountant == "paper":
+        raise ConfigError("accountant", "paper", "rdp | pld with privacy.calibration=accountant (the accountant "
+                          "that solves σ for privacy.epsilon and certifies it; `paper` is the papers' formula, "
+                          "which certifies nothing)")
+    if calibration == "paper" and accountant != "paper":
+        raise ConfigError("privacy.calibration", "paper", f"accountant with accountant={accountant}, to calibrate "
+                          f"the noise to privacy.epsilon with {accountant}; or accountant=paper to keep the papers' "
+                          "formula (every private run reports the ε that RDP and PLD certify for it either way)")
+
+
 def _validate_nfa(cfg: DictConfig) -> None:
     """The keys of NormFedAvg and its variants (conf/algo/normfedavg.yaml)."""
     _number(cfg, "algo.eta0", lambda v: v > 0, "a number > 0")
@@ -183,7 +250,7 @@ def _validate_nfa(cfg: DictConfig) -> None:
     _number(cfg, "algo.local_steps", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "algo.momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
     _number(cfg, "algo.weight_decay", lambda v: v >= 0, "a number >= 0")
-    _number(cfg, "algo.cohort_size", lambda v: 1 <= v <= cfg.clients,
+    _number(cfg, "algo.cohort_size", lambda v: 1 <= v <= (cfg.clients or math.inf),
             f"null (all) or an integer in [1, clients={cfg.clients}]", integer=True, optional=True)
     for key, options in (("upload", UPLOADS), ("mechanism", MECHANISMS), ("scope", SCOPES),
                          ("sensitivity", SENSITIVITIES), ("noise_at", NOISE_AT)):

@@ -105,6 +105,43 @@ def finished(out_dir: Path, key: str) -> dict | None:
     return summary if summary.get("config_key") == key and summary.get("status") in FINISHED else None
 
 
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    m, s = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h {m:02d}m" if h else f"{m}m {s:02d}s" if m else f"{seconds:.1f}s"
+
+
+def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> str:
+    """The one line that ends a run: status, final and best test accuracy, target and certified ε, where, how long."""
+    from normfl.privacy import certified
+
+    status, where = summary.get("status", "failed"), os.path.relpath(out_dir)
+    where = str(out_dir) if where.startswith("..") else where
+    if status not in FINISHED:
+        return f"normfl: {status}: {summary.get('error')}; traceback in {Path(where) / log_name}"
+
+    def pct(v):
+        return "–" if v is None else f"{100 * v:.2f}%"
+
+    parts = [f"normfl: {status} in {duration(summary.get('wall_time_s'))}"
+             + (f" at round {summary.get('final_round')}" if status == "diverged" else ""),
+             f"test accuracy {pct(summary.get('final_test_acc'))} final, {pct(summary.get('best_test_acc'))} best "
+             f"(round {summary.get('best_round')})"]
+    privacy = summary.get("privacy")
+    if privacy:
+        eps, by = certified(privacy)
+        target = privacy.get("target_epsilon")
+        above = eps is not None and target is not None and eps > target
+        parts.append(f"ε {target:g} asked, " + ("none certified" if eps is None else f"{eps:.4g} certified ({by})")
+                     + (": ABOVE the target" if above else ""))
+    else:
+        parts.append("not private")
+    parts.append(where)
+    return " | ".join(parts)
+
+
 def record_failure(out_dir: Path, job, err: BaseException, key: str | None = None) -> None:
     log.error("job %s failed: %r", job, err, exc_info=err)
     failure = {"status": "failed", "config_key": key, "error": repr(err)}

@@ -28,6 +28,8 @@ def test_every_config_composes_and_validates(group, option):
         extra = ["dataset=npz", "dataset.path=" + __file__]
     if option in ("dpfl", "ali_dpfl"):
         extra = ["model=cnn"]                       # DP-SGD refuses the default ResNet20's BatchNorm
+    if group == "accountant" and option != "paper":
+        extra = ["privacy.calibration=accountant"]  # an accountant calibrates only when asked to (issue 27)
     cfg = cfg_with(f"{group}={option}", *extra)
     OmegaConf.to_container(cfg, resolve=True)      # every interpolation resolves
     absent = {"cuda": not torch.cuda.is_available(),
@@ -57,7 +59,7 @@ def test_default_is_normec_setup():
     ("model.norm=layer", "model.norm"), ("privacy.noise_on=server", "privacy.noise_on"),
     ("dataset=npz", "dataset.path"), ("partition=dirichlet", None), ("partition.alpha=0", "partition.alpha"),
     ("privacy.calibration=exact", "privacy.calibration"), ("privacy.neighbouring=swap", "privacy.neighbouring"),
-    ("accountant=pld", None), ("accountant.name=prv", "accountant.name"), ("profile=fast", "profile"),
+    ("accountant=pld", "privacy.calibration"), ("accountant.name=prv", "accountant.name"), ("profile=fast", "profile"),
     ("checkpoint_every=-1", "checkpoint_every"), ("resume=maybe", "resume"), ("precision=fp16", "precision"),
 ])
 def test_validation_names_key_value_and_rule(override, key):
@@ -106,6 +108,10 @@ def test_refused_run_leaves_no_run_directory(tmp_path, data_root, override, need
     (["privacy.calibration=accountant", "accountant=rdp", "privacy.neighbouring=replace",
       "privacy.amplification=true"], "accountant"),
     (["privacy.calibration=accountant", "accountant=pld", "privacy.noise_on=raw_delta"], "privacy.noise_on"),
+    (["privacy.calibration=accountant"], "accountant"),                  # issue 27: a certificate asked half-way
+    (["accountant=rdp"], "privacy.calibration"),
+    (["algo=dp_normfedavg", "privacy.calibration=accountant", "accountant=pld"], "privacy.calibration"),
+    (["algo=ali_dpfl", "model=cnn", "accountant=pld"], "accountant"),
 ])
 def test_federated_and_privacy_combinations_are_checked(overrides, key):
     with pytest.raises(ConfigError) as err:

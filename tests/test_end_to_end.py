@@ -154,10 +154,11 @@ def test_sweep_through_submitit_launcher(tmp_path, data_root):
 
     train(data_root, *FMNIST, "rounds=2", "threads=1", "algo.gamma=0.1,-1", "hydra/launcher=submitit_local",
           f"hydra.sweep.dir={tmp_path}", multirun=True, code=1)
-    jobs = sorted(d.name.split("_", 1)[0] for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit())
+    jobs = sorted(d.name for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit())
     assert jobs == ["0"]                                   # job 1 (gamma=-1) refused, no directory left
-    summary = next(tmp_path.glob("0_*/summary.json"))
-    assert json.loads(summary.read_text())["status"] == "completed"
+    assert json.loads((tmp_path / "0" / "summary.json").read_text())["status"] == "completed"
+    table = pd.read_csv(tmp_path / "jobs.csv")              # which job ran which γ, and how it ended
+    assert list(table["status"]) == ["completed", "refused"] and list(table["algo.gamma"]) == [0.1, -1]
 
 
 def test_more_clients_than_samples_with_sampled_shards(tmp_path, data_root):

@@ -87,9 +87,10 @@ def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root
            f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "algo=normec,crasher", "clients=4",
            f"hydra.sweep.dir={tmp_path}"]
     first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 1 and "normfl sweep: 1 completed, 1 failed\n  job 1 failed: " in first.stderr, \
+    assert first.returncode == 1 and f"normfl sweep: 1 completed, 1 failed in {tmp_path}\n" in first.stderr, \
         first.stderr[-3000:]
-    jobs = {d.name.split("_", 1)[0]: d for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit()}
+    assert "\n  job 1 failed: " in first.stderr
+    jobs = {d.name: d for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit()}
     done, crashed = (json.loads((jobs[j] / "summary.json").read_text()) for j in ("0", "1"))
     assert done["status"] == "completed"
     assert crashed["status"] == "failed" and "crashed on purpose in round 1" in crashed["error"]

@@ -1,17 +1,17 @@
-"""ALI-DPFL (ALI Algorithm 2) and fixed-τ DPFL (ALI Algorithm 1); spec alidpfl_normfedavg.md Part A.
+"""ALI-DPFL (ALI Algorithm 2) and fixed-τ DPFL (ALI Algorithm 1); readings C-A1-C-A18 in docs/readings.md.
 
 Every round all N clients start from the global model ŵ(k) and run τ DP-SGD steps on their own
 data (Poisson batches at rate q, per-sample clipping to C, Gaussian noise σC on the sum, step η;
 ``local.local_dpsgd``). The server averages the local models with weights |D_i|/|D| (line 16).
 
-The sum of clipped noisy gradients is divided by client i's expected batch q·|D_i| (spec A.2), or
+The sum of clipped noisy gradients is divided by client i's expected batch q·|D_i| (ALI Sec. III-C; reading C-A18), or
 by ``divisor`` for every client when set: the authors' code divides by its ``batch_size`` argument
 (default 64), which Poisson sampling otherwise leaves unused (XinpengLing/ALI-DPFL,
 system/flcore/clients/clientdpfl.py line 33 passes it as ``minibatch_size``;
 system/flcore/optimizers/dp_optimizer.py line 107 scales the sum by 1/minibatch_size). The step is
 then η·q|D_i|/divisor times the text's.
 
-Budgets (spec A.6, A.7, C-A13): the server has R_s = ``rounds`` rounds; each client's privacy
+Budgets (ALI Alg. 2, Sec. V; readings C-A9, C-A13): the server has R_s = ``rounds`` rounds; each client's privacy
 budget (``privacy.epsilon``, ``privacy.delta``) supports R_c DP-SGD steps by the paper's
 accountant. All clients take the same number of steps, so T_used, the steps taken so far, is each
 client's privacy spent. A run stops after R_s rounds or when the budget is used up:
@@ -19,7 +19,7 @@ client's privacy spent. A run stops after R_s rounds or when the budget is used 
 - fixed τ (``adaptive=false``, Alg. 1): min(R_s, ⌊R_c/τ⌋) rounds of τ steps;
 - ALI-DPFL (``adaptive=true``, Alg. 2): round k takes τ_k = min(τ*, R_c - T_used) steps, and after
   aggregating the server picks the next τ* (line 19, ``tau.TauSelector``) from the estimates of
-  lines 4, 17 and 18, which the clients compute on their last batch of the round (spec C-A5). Those
+  lines 4, 17 and 18, which the clients compute on their last batch of the round (reading C-A5). Those
   estimates use the clients' data without noise and are not accounted for, as in the paper.
 """
 
@@ -82,7 +82,7 @@ class DPFL(Algorithm):
     def round(self, k: int, x: torch.Tensor, clients: Clients):
         if k == 0:
             self._start(clients, x.device, x.dtype)
-        tau = min(self.tau_next, self.R_c - self.used)                               # never overspend (C-A13)
+        tau = min(self.tau_next, self.R_c - self.used)                               # never overspend (reading C-A13)
         gen = round_generator(self.seed, DPSGD, k, x.device)
         W, loss, last, before = local_dpsgd(x, clients, tau, self.lr, self.mech, self.batch, gen)   # 6-11
         x_new = average(W, self.weights)                                             # 16: Σ |D_i|/|D| ŵ_i
@@ -124,6 +124,19 @@ class DPFL(Algorithm):
     # -- privacy: every client has taken T_used DP-SGD steps ----------------------------------
     def releases(self, steps: int) -> int:
         return self.used
+
+    def planned_releases(self, steps: int) -> int:
+        return self.R_c                                      # the budget stops every client there
+
+    def noise_target(self):
+        b = getattr(self, "batch", None)                     # B_i, set when the first round starts
+        div = f"B = {self.divisor:g}" if self.divisor is not None else "B_i = q·|D_i|"
+        text = (f"each DP-SGD step's Σ_s Clip_C(∇ℓ(w; s)) over a Poisson batch, each term of norm ≤ C = "
+                f"{self.mech.clip:g}; the step divides it by {div}")
+        if b is None:
+            return text, None
+        text += "" if self.divisor is not None else f" (std_in_update: at the smallest, B_i = {float(b.min()):g})"
+        return text, 1 / float(b.min())
 
     def privacy_extra(self, steps: int) -> dict:
         return {

@@ -76,6 +76,10 @@ class Algorithm:
         """How many releases each client has made after ``steps`` communication steps (at most one each)."""
         return steps
 
+    def planned_releases(self, steps: int) -> int:
+        """The releases each client will have made when a run of ``steps`` communication steps ends."""
+        return steps
+
     @functools.cached_property
     def ledger(self):
         """The accountant of one client's releases (built on first use: a PLD is not free)."""
@@ -87,13 +91,24 @@ class Algorithm:
 
     def privacy_report(self, steps: int) -> dict:
         """The summary's privacy block after ``steps`` steps: the privatizer, the target and epsilon spent."""
-        return {**self.mech.describe(), "target_epsilon": self.privacy.epsilon, "delta": self.privacy.delta,
+        std_on, weight = self.noise_target()
+        return {**self.mech.describe(), "std_on": std_on,
+                "std_in_update": None if weight is None else weight * self.mech.std,
+                "target_epsilon": self.privacy.epsilon, "delta": self.privacy.delta,
                 **{f"epsilon_{col.removeprefix('eps_')}": v for col, v in self.spent(steps).items()},
                 **self.privacy_extra(steps)}
 
     def privacy_extra(self, steps: int) -> dict:
         """What this algorithm adds to its privacy block."""
         return {}
+
+    def noise_target(self) -> tuple[str | None, float | None]:
+        """The privacy block's ``std_on`` (the vector the noise of std ``std`` is added to, and its bound) and
+        the weight w of that vector in the direction the server steps along (before the step size; per client,
+        before the average over clients, when each client adds its own noise): ``std_in_update`` = w·std, the
+        noise std one release puts into that direction, comparable across algorithms. Each private algorithm
+        states its own."""
+        return None, None
 
     # -- checkpoint ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

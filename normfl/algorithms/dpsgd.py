@@ -1,4 +1,4 @@
-"""DP-SGD with smoothed normalization (NORMEC eq. 2 with B = n; spec normec.md §2.4).
+"""DP-SGD with smoothed normalization (NORMEC §3.3 eq. 2 with B = n; reading A9).
 
 x^{k+1} = x^k - γ ( (1/n) Σ_i β Norm_α(∇f_i(x^k)) + z^k ),   z^k ~ N(0, σ² I_d) drawn by the server.
 
@@ -28,3 +28,7 @@ class DPSGDNorm(GaussianAlgorithm):
         psi = self.bounding(G)                                # Ψ(∇f_i(x^k)) = β Norm_α(∇f_i(x^k))
         agg = self.privatize(psi.mean(0), k)                  # (1/B) Σ Ψ + z^k
         return server_step(x, agg, self.gamma, False), {"loss": loss.mean().item(), "uploads": len(G)}
+
+    def noise_target(self):
+        return (f"the mean (1/n) Σ_i β Norm_α(∇f_i(x^k)) of the n = {self.num_clients} clients' terms, each of norm "
+                f"≤ β = {self.beta:g} (sensitivity β/n); one draw by the server, weight 1", 1.0)

@@ -1,8 +1,8 @@
 """EF21-style error feedback with a bounding operator Ψ (NORMEC §3.5, eqs. 9-11).
 
 α-NormEC (NORMEC Algorithm 1) takes Ψ = Norm_α and weights it by β; Clip21 takes Ψ = Clip_τ with
-τ = β and no extra weight (spec normec.md §2.3, A9). Both rounds are the same box; line numbers
-below are those of NORMEC Algorithm 1 (and of the derived Clip21 box in the spec). The release is
+τ = β and no extra weight (reading A9, docs/readings.md). Both rounds are the same box; line numbers
+below are those of NORMEC Algorithm 1 (Clip21 has no box of its own: NORMEC §3.5, eqs. 9-11). The release is
 Ψ's output, of norm at most ``bounding.bound``; when private each client adds its own Gaussian to it
 (``GaussianAlgorithm``, ``privacy.mechanisms.Gaussian``).
 """
@@ -25,7 +25,7 @@ class EF21(GaussianAlgorithm):
 
     def setup(self, x0, num_clients, rounds, privacy, seed):
         super().setup(x0, num_clients, rounds, privacy, seed)
-        self.g = torch.zeros(num_clients, x0.numel(), device=x0.device, dtype=x0.dtype)   # g_i^0 = 0 (A6)
+        self.g = torch.zeros(num_clients, x0.numel(), device=x0.device, dtype=x0.dtype)   # g_i^0 = 0 (reading A6)
         self.ghat = self.g.mean(0)                                                        # ĝ^0 = mean g_i^0
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
@@ -49,10 +49,16 @@ class NormEC(EF21):
         self.bounding = Bounding("norm", alpha=self.alpha)   # ||Δ_i|| <= 1; β weights it outside Ψ
         self.weight, self.server_norm = self.beta, bool(server_norm)
 
+    def noise_target(self):
+        return f"Δ_i = Norm_α(∇f_i(x^k) - g_i^k), norm ≤ 1, weighted by β = {self.beta:g} at the server", self.beta
+
 
 class Clip21(EF21):
-    """(DP-)Clip21: EF21 with Ψ = Clip_τ, τ = β, and plain server step x - γ ĝ (spec §2.3)."""
+    """(DP-)Clip21: EF21 with Ψ = Clip_τ, τ = β, and plain server step x - γ ĝ (reading A9)."""
 
     def __init__(self, gamma, beta, private=False, name="clip21"):
         super().__init__(gamma, beta, 0.0, private, name)
         self.bounding = Bounding("clip", beta=self.beta)     # ||Clip_β(.)|| <= β; weight 1
+
+    def noise_target(self):
+        return f"Δ_i = Clip_β(∇f_i(x^k) - g_i^k), norm ≤ β = {self.beta:g}, weighted by 1 at the server", 1.0

@@ -1,7 +1,7 @@
 """Federated algorithms with local steps and partial participation (FEDNORMEC).
 
 Fed-α-NormEC follows FEDNORMEC Algorithm 1 (line numbers in comments); FedAvg / DP-FedAvg is the
-baseline of FEDNORMEC §3 and App. D.1 (spec normec.md §2.6): the same client computation without
+baseline of FEDNORMEC §3 and App. D.1 (reading A9, docs/readings.md): the same client computation without
 error feedback. Both are built from the same parts: the local operator (``local.pseudo_gradient``),
 the participation draw (``ops.Participation``), Ψ (``ops.Bounding``), the Gaussian privatizer and
 the server step (``ops.server_step``).
@@ -30,7 +30,7 @@ class _Federated(GaussianAlgorithm):
                  ig_batch_size=1, server_norm=False, participation="bernoulli", cohort_size=None,
                  private=False, name=""):
         super().__init__(gamma, beta, alpha, private, name)
-        self.eta = self.gamma if eta is None else float(eta)          # η = γ in the experiments (A3)
+        self.eta = self.gamma if eta is None else float(eta)          # η = γ in the experiments (reading A3)
         self.bernoulli_p, self.server_norm = float(p), bool(server_norm)
         self.local = {"steps": int(local_steps), "operator": local_operator, "ig_batch_size": int(ig_batch_size)}
         self.participation, self.cohort_size = participation, cohort_size
@@ -59,7 +59,7 @@ class FedNormEC(_Federated):
 
     def setup(self, x0, num_clients, rounds, privacy, seed):
         super().setup(x0, num_clients, rounds, privacy, seed)
-        self.v = ClientMemory(num_clients, x0.numel(), x0.device, x0.dtype)   # v_i^0 = 0 (A6)
+        self.v = ClientMemory(num_clients, x0.numel(), x0.device, x0.dtype)   # v_i^0 = 0 (reading A6)
         self.vhat = torch.zeros_like(x0)                                        # v̂^0 = mean v_i^0
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
@@ -77,6 +77,10 @@ class FedNormEC(_Federated):
     def memory_gap(self) -> float:
         return torch.linalg.vector_norm(self.vhat - self.v.mean()).item()
 
+    def noise_target(self):
+        return (f"Δ_i = Norm_α(U_i - v_i), norm ≤ 1, weighted by β/p = {self.beta / self.p:g} at the server "
+                f"(β = {self.beta:g}, q_i = 1/p)", self.beta / self.p)
+
 
 class FedAvg(_Federated):
     """(DP-)FedAvg with a bounding operator Ψ on the pseudo-gradient (FEDNORMEC §3, App. D.1):
@@ -85,7 +89,7 @@ class FedAvg(_Federated):
 
     Ψ = β Norm_α (``norm``), Clip_β (``clip``) or the identity (``none``, non-private only): β sits
     inside Ψ, so the release's bound is β. ``literal_psi`` applies Ψ to x^k - T_i(x^k) = γ U_i instead
-    (spec A9's literal reading). Noise: each participant adds ζ_i (``noise_by=client``), or the server
+    (reading A9's literal option). Noise: each participant adds ζ_i (``noise_by=client``), or the server
     adds one draw to the sum of the participants' bounded updates (``noise_by=server``, central DP-FedAvg)."""
 
     def __init__(self, *args, bounding="norm", noise_by="client", literal_psi=False, **kw):
@@ -105,3 +109,13 @@ class FedAvg(_Federated):
             agg = self.privatize(weighted_mean(q, bounded, ids) * total, k) / total
         x = server_step(x, agg, self.eta, self.server_norm)
         return x, {"loss": mean_loss(loss), "uploads": int((q > 0).sum())}
+
+    def noise_target(self):
+        u = "γ U_i" if self.literal_psi else "U_i"
+        psi = f"β Norm_α({u})" if self.bounding.kind == "scaled_norm" else f"Clip_β({u})"
+        if self.noise_by == "client":
+            return (f"Ψ = {psi}, norm ≤ β = {self.beta:g}, weighted by 1/p = {1 / self.p:g} at the server",
+                    1 / self.p)
+        total = self.p * self.num_clients
+        return (f"the sum over the round's participants of Ψ = {psi}, each of norm ≤ β = {self.beta:g}; one draw "
+                f"by the server, which divides the sum by p·n = {total:g}", 1 / total)

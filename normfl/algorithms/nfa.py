@@ -1,10 +1,10 @@
-"""DP-NormFedAvg and its relatives (NFA; spec alidpfl_normfedavg.md Part B).
+"""DP-NormFedAvg and its relatives (NFA; readings C-N1-C-N15 in docs/readings.md).
 
 One round of NFA Algorithm 2 (line numbers in comments):
 
 -  3: the server sends w_k to r of the n clients, drawn uniformly without replacement;
 -  5-8: each runs E local steps from w_k: the experiments' optimizer, PyTorch SGD on minibatches
-   with momentum and weight decay, at η_k = η_0 · decay^k (NFA Sec. 6, spec B.7);
+   with momentum and weight decay, at η_k = η_0 · decay^k (NFA Sec. 6, App. H; reading C-N2);
 -  9: and sends g_i = M(Ψ(w_k - w_{k,E}^(i)));
 - 11: w_{k+1} = w_k - (β_k / r) Σ_i g_i.
 
@@ -18,12 +18,12 @@ The upload Ψ and the privatizer M give the paper's algorithms:
 | Clipping baseline (Sec. 6(ii))              | clip     | qtdl       |
 | FedAvg (Alg. 3: w_{k+1} = mean_i w_{k,E})   | update   | none, β=1  |
 
-Aggregate-level privacy (App. G(iii)) divides the sensitivities by r, so that only the mean of the r
+Aggregate-level privacy (App. G(iii); reading C-N6) divides the sensitivities by r, so that only the mean of the r
 messages is private: with ``noise_at=client_aggregate`` each client adds its own TDL draw with those
 parameters (the paper's per-client m_i, α_i); with ``noise_at=server`` clients send Q(Ψ(.)) and a
 trusted aggregator adds one draw to their mean (r times the noise std on the mean).
 
-Privacy (spec B.5). ``scope=per_round``: each message is (ε, 2^-d)-DP by Theorem 1 (QTDL), or
+Privacy (NFA Sec. 5, Theorems 1-2, App. C). ``scope=per_round``: each message is (ε, 2^-d)-DP by Theorem 1 (QTDL), or
 (ε, δ)-DP by cpSGD's Theorem 1 (Binomial), with ε = ``privacy.epsilon``. ``scope=all_rounds``:
 ``privacy.epsilon`` and ``privacy.delta`` are the whole run's target, reached as in Theorem 2
 (each message ε_0-DP, advanced composition over the rounds, amplification by sampling r of n).
@@ -137,6 +137,13 @@ class NormFedAvg(Algorithm):
         return x, {"loss": loss.mean().item(), "uploads": len(ids)}
 
     # -- privacy report ------------------------------------------------------------------------
+    def noise_target(self):
+        psi = "u/||u||" if self.upload == "unit" else f"Clip_C(u), C = {self.bounding.beta:g}"
+        msg = f"Q(Ψ(u)) on the 1/s grid, u = w_k - w_(k,E), Ψ(u) = {psi}, |coordinates| ≤ 1"
+        if self.noise_at == "server":
+            return f"the mean of the r = {self.r} clients' {msg}; one draw by the server, weight 1", 1.0
+        return f"each client's {msg}; the server averages the r = {self.r} messages, weight 1", 1.0
+
     def privacy_extra(self, steps: int) -> dict:
         sens = (f"heuristic: NFA eq. 6 with mu={self.mu:g}, not a worst-case bound"
                 if self.sensitivity == "heuristic" else "worst case: Definition 1's trivial bounds")

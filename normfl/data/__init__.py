@@ -13,6 +13,7 @@ from normfl.data.sources import (
     load_cifar10,
     load_fashion_mnist,
     load_npz,
+    npz_client_ids,
 )
 from normfl.data.transforms import augment_crop_flip, normalize
 
@@ -34,6 +35,7 @@ __all__ = [
     "load_npz",
     "natural",
     "normalize",
+    "npz_client_ids",
     "Preprocess",
     "sampled_shards",
     "shards",

@@ -34,7 +34,7 @@ OFFLINE_ENV = "NORMFL_OFFLINE_DATA"
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_JPEG_ARCHIVE = "cifar10-jpeg.tar.xz"
 CIFAR10_LABELS = "cifar10-canonical-labels.npz"
-SHA256 = {  # the offline copy's files, as published with it (shared/data/README.md)
+SHA256 = {  # the offline copy's files, as published with it (in the README.md beside them)
     CIFAR10_JPEG_ARCHIVE: "c6a3459d6a507684c4b097fa19f6367762beeb91d82527ac99ff463bcde30208",
     CIFAR10_LABELS: "2adcb621b226054b45ea498e5151b50747ee667e75829c059844e7b78f6b5196",
 }
@@ -70,6 +70,18 @@ class ArrayDataset:
         return replace(self, x_train=self.x_train[cut], y_train=self.y_train[cut],
                        x_test=self.x_test[:test], y_test=self.y_test[:test],
                        client_ids=None if self.client_ids is None else self.client_ids[cut])
+
+    def size_line(self, train: int, test: int, pooled: int | None = None) -> str:
+        """The log line of the data a run uses: this dataset's sizes, against the ``train`` and ``test`` sizes
+        it was cut from (``head``, ``client_test_split``); ``pooled``: split=per_client's samples before
+        the cut, of ``train`` pooled ones."""
+        def of(n: int, full: int) -> str:
+            return f"{n}" if n == full else f"{n} of {full}"
+        if self.split == "per_client":
+            return (f"{self.label}: {len(self.y_train)} train / {of(len(self.y_test), test)} test (per_client split of "
+                    f"{of(pooled, train)} pooled samples) from {self.source}")
+        return (f"{self.label}: {of(len(self.y_train), train)} train / {of(len(self.y_test), test)} test "
+                f"({self.split} split) from {self.source}")
 
     def __repr__(self) -> str:
         return (
@@ -156,7 +168,7 @@ def _make(name, label, source, arrays, split, holdout_fraction, split_seed, mean
     x_tr, y_tr, x_te, y_te, client_ids = apply_split(
         split, x_tr, y_tr, x_te, y_te, holdout_fraction, split_seed, client_ids
     )
-    log.info("%s: %d train / %d test (%s split) from %s", label, len(y_tr), len(y_te), split, source)
+    log.debug("%s: %d train / %d test (%s split) from %s", label, len(y_tr), len(y_te), split, source)
     return ArrayDataset(
         name, label, source, x_tr, y_tr, x_te, y_te, num_classes, tuple(mean), tuple(std), client_ids, split
     )
@@ -505,23 +517,7 @@ def load_npz(
     Every array is checked (``DataError`` names the file, the array, the problem and what is allowed)."""
     check_split(split)
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"npz dataset not found: {path}")
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-    if head != b"PK\x03\x04":       # an .npz is a zip archive
-        raise DataError(path, "the file", "empty (0 bytes)" if not head else f"not an .npz (it begins {head!r})",
-                        "a file written by numpy.savez / savez_compressed")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as err:             # empty, text, truncated, pickled: numpy says what
-        raise DataError(path, "the file", f"not a readable .npz ({type(err).__name__}: {err})",
-                        "a file written by numpy.savez / savez_compressed, without pickled objects") from None
-    keys = set(arrays)
-    if not {"x", "y"} <= keys or ("x_test" in keys) != ("y_test" in keys):
-        raise DataError(path, "its arrays", f"has {sorted(keys)}", "x, y, and optionally both x_test and y_test, "
-                        "and client")
+    keys, arrays = _read_npz(path)
     x = _npz_x(arrays["x"], "x", path)
     y = _npz_y(arrays["y"], "y", len(x), path)
     x_te = y_te = None
@@ -542,6 +538,41 @@ def load_npz(
         "npz", f"npz:{path.name}", str(path), (x, y, x_te, y_te), split, holdout_fraction, split_seed, mean, std,
         clients
     )
+
+
+def npz_client_ids(path) -> np.ndarray | None:
+    """The `client` array of an npz dataset (None when it has none), checked as ``load_npz`` checks it, reading
+    only it and `y` (for the number of samples): what ``partition=natural`` needs before the data is loaded."""
+    path = Path(path).expanduser()
+    keys, arrays = _read_npz(path, ("y", "client"))
+    if "client" not in keys:
+        return None
+    y = arrays["y"]
+    _npz_y(y, "y", len(y) if y.ndim else 0, path)
+    return _npz_y(arrays["client"], "client", len(y), path, labels=False).numpy()
+
+
+def _read_npz(path: Path, names=None) -> tuple[set[str], dict[str, np.ndarray]]:
+    """(the names of the arrays in the npz at ``path``, those arrays, or only ``names`` of them), after
+    checking that it is a readable npz with the arrays a dataset needs."""
+    if not path.is_file():
+        raise FileNotFoundError(f"npz dataset not found: {path}")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head != b"PK\x03\x04":       # an .npz is a zip archive
+        raise DataError(path, "the file", "empty (0 bytes)" if not head else f"not an .npz (it begins {head!r})",
+                        "a file written by numpy.savez / savez_compressed")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            keys = set(z.files)
+            arrays = {k: z[k] for k in z.files if names is None or k in names}
+    except Exception as err:             # empty, text, truncated, pickled: numpy says what
+        raise DataError(path, "the file", f"not a readable .npz ({type(err).__name__}: {err})",
+                        "a file written by numpy.savez / savez_compressed, without pickled objects") from None
+    if not {"x", "y"} <= keys or ("x_test" in keys) != ("y_test" in keys):
+        raise DataError(path, "its arrays", f"has {sorted(keys)}", "x, y, and optionally both x_test and y_test, "
+                        "and client")
+    return keys, arrays
 
 
 def _npz_x(x: np.ndarray, key: str, path: Path) -> torch.Tensor:

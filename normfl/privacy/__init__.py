@@ -2,7 +2,7 @@
 
 Two ways to set the noise (``privacy.calibration``):
 
-- ``paper``: the rule both NORMEC and FEDNORMEC use in their experiments (spec normec.md §4.3).
+- ``paper``: the rule both NORMEC and FEDNORMEC use in their experiments (NORMEC §6.2, FEDNORMEC §5; reading A1).
   A term of sensitivity S gets N(0, (S * sigma_mult)^2) with
 
       sigma_mult = c * p * sqrt(K * log(1/delta)) / epsilon      (c = 1, natural log, K = rounds).
@@ -12,7 +12,7 @@ Two ways to set the noise (``privacy.calibration``):
 
   It comes from Abadi et al.'s asymptotic bound and is a heuristic, not a certificate: a tight
   accountant gives a larger epsilon for the same noise. The knobs reproduce the alternative
-  readings of spec ambiguity A1.
+  readings of A1 (docs/readings.md).
 - ``accountant``: the noise multiplier is solved so that the ``accountant`` group's accountant
   (RDP or PLD, from dp-accounting) certifies (epsilon, delta) for the run, under the configured
   neighbouring relation and amplification claim (see ``accounting.py``).
@@ -37,8 +37,21 @@ K_COUNTS = ("rounds", "releases")
 LOG_BASES = ("e", "10")
 CALIBRATIONS = ("paper", "accountant")
 
-__all__ = ["Privacy", "Privatizer", "Gaussian", "GaussianRelease", "Ledger", "ledger", "calibrate", "NOISE_ON",
-           "LOG_BASES", "CALIBRATIONS", "ACCOUNTANTS", "RELATIONS", "K_COUNTS"]
+__all__ = ["Privacy", "Privatizer", "Gaussian", "GaussianRelease", "Ledger", "ledger", "calibrate", "certified",
+           "NOISE_ON", "LOG_BASES", "CALIBRATIONS", "ACCOUNTANTS", "RELATIONS", "K_COUNTS"]
+
+
+def certified(spent: dict) -> tuple[float | None, str | None]:
+    """(ε, by what) a run certifies, from its ε by accountant (``Ledger.spent``'s names, bare or as the columns
+    ``eps_pld`` and the summary's ``epsilon_pld`` write them): the tighter of dp-accounting's PLD and RDP, else
+    NFA Theorem 2's composition; (None, None) where none was computed."""
+    eps = {k.removeprefix("epsilon_").removeprefix("eps_"): v for k, v in spent.items()}
+    found = [(eps[name], name) for name in ("pld", "rdp") if isinstance(eps.get(name), (int, float))]
+    if found:
+        return min(found)
+    if isinstance(eps.get("composed"), (int, float)):
+        return eps["composed"], "composed"
+    return None, None
 
 
 @dataclass(frozen=True)
@@ -79,9 +92,9 @@ class Privacy:
     def upload_std(self, bound: float, beta: float, releases: int, p: float = 1.0) -> float:
         """Per-coordinate noise std on a released vector whose norm is at most ``bound``.
 
-        Default (A1, ``scaled_message``): std = bound * sigma_mult, i.e. noise proportional to the
-        sensitivity. ``raw_delta`` (paper formula only) multiplies by beta once more: the spec's
-        "alternative B", z on Delta_i with std beta * sigma_mult.
+        Default (reading A1, ``scaled_message``): std = bound * sigma_mult, i.e. noise proportional to the
+        sensitivity. ``raw_delta`` (paper formula only) multiplies by beta once more: reading A1's
+        alternative, z on Delta_i with std beta * sigma_mult.
         """
         std = bound * self.noise_multiplier(releases, p)
         return std * beta if self.noise_on == "raw_delta" and self.uses_formula else std

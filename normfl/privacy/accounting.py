@@ -107,7 +107,8 @@ class Ledger:
                 mech.noise_multiplier, sampling_prob=q, value_discretization_interval=PLD_INTERVAL,
                 neighboring_relation=mech.relation("pld"))
 
-    def spent(self, k: int) -> dict[str, float | None]:
+    def spent(self, k: int, accountants: tuple[str, ...] = ACCOUNTANTS) -> dict[str, float | None]:
+        """ε after k releases by each of ``accountants`` (PLD's self-composition is slow for small noise)."""
         if k == 0:
             return {"rdp": 0.0, "pld": 0.0}
         if self.mech.noise_multiplier <= 0:
@@ -116,7 +117,7 @@ class Ledger:
         if self._rdp_one is not None:
             eps_rdp = float(rdp.rdp_privacy_accountant.compute_epsilon(self._orders, k * self._rdp_one, self.delta)[0])
         eps_pld = None
-        if self._pld_one is not None:
+        if self._pld_one is not None and "pld" in accountants:
             eps_pld = float(self._pld_one.self_compose(k).get_epsilon_for_delta(self.delta))
         return {"rdp": eps_rdp, "pld": eps_pld}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -10,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from normfl.config import ConfigError, validate_data
+from normfl.config import ConfigError, resolve_clients, validate_data
 from normfl.data import ClientData, Preprocess, client_test_split
 from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
 from normfl.privacy import Privacy
@@ -28,6 +29,7 @@ def _kind(node: DictConfig) -> str:
 
 def build_data(cfg: DictConfig):
     """The dataset (with its label) and the client partition, as the config says."""
+    resolve_clients(cfg)                     # partition=natural: clients from the data (a no-op once resolved)
     extra = ("augment", "train_limit", "test_limit", "scale")
     ds_cfg = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k not in extra}
     try:
@@ -36,6 +38,7 @@ def build_data(cfg: DictConfig):
         if isinstance(err.__cause__, (FileNotFoundError, ConfigError)):     # a missing or bad data file
             raise err.__cause__ from None
         raise ConfigError("dataset", _kind(cfg.dataset), str(err.__cause__ or err)) from err
+    full = len(ds.y_train), len(ds.y_test)             # the sizes before the limits, for the log line
     if cfg.dataset.train_limit or cfg.dataset.test_limit:
         ds = ds.head(cfg.dataset.train_limit, cfg.dataset.test_limit)
     if cfg.clients > len(ds.y_train) and _kind(cfg.partition) != "sampled_shards":
@@ -50,12 +53,16 @@ def build_data(cfg: DictConfig):
     except ValueError as err:  # the partition cannot be made from this data
         raise ConfigError("partition", _kind(cfg.partition), str(err)) from err
     if ds.split == "per_client":                # each client's test piece, cut from its share
+        pooled = len(ds.y_train)
         try:
             ds, parts = client_test_split(ds, parts, cfg.dataset.holdout_fraction, cfg.dataset.split_seed)
         except ValueError as err:
             raise ConfigError("dataset.holdout_fraction", cfg.dataset.holdout_fraction, str(err)) from err
+        full = full[0], len(ds.y_test)
         ds = ds.head(None, cfg.dataset.test_limit)
-        log.info("per-client split: %d train / %d test", len(ds.y_train), len(ds.y_test))
+        log.info(ds.size_line(*full, pooled=pooled))
+    else:
+        log.info(ds.size_line(*full))
     return ds, parts
 
 
@@ -97,10 +104,8 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(deterministic)
     device = pick_device(cfg.device.name)
-    try:                                     # before the data: a setting the algorithm lacks is bad input
-        algo = instantiate(cfg.algo)
-    except InstantiationException as err:
-        raise ConfigError("algo", cfg.algo.name, str(err.__cause__ or err)) from err
+    resolve_clients(cfg)                     # partition=natural: clients from the data (a no-op once resolved)
+    algo = build_algo(cfg.algo)              # before the data: a setting the algorithm lacks is bad input
     cache = {} if cache is None else cache
     key = shared_key(cfg, ("dataset", "partition", "clients", "seed", "device", "data_root", "offline_data"))
     if key not in cache:
@@ -135,6 +140,40 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
         raise ConfigError("backend", "stacked", "sequential or auto: clients' batches differ in size, and a "
                           "model with BatchNorm needs equal batches to run them side by side")
     return Setup(device, ds, parts, flat, x, algo, prep, x_test, clients, steps)
+
+
+def algo_keys(target: str) -> list[str]:
+    """The keys an algorithm's config may set (``algo.<key>``), sorted: the arguments its constructor takes,
+    with those of the constructors it passes ``*args, **kw`` on to."""
+    keys = set()
+    for cls in get_class(target).__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        params = inspect.signature(cls.__init__).parameters.values()
+        keys |= {p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            break
+    return sorted(keys)
+
+
+def build_algo(node: DictConfig):
+    """The algorithm of ``cfg.algo``. A key its constructor does not take is refused with the keys it takes;
+    a value it raises on, naming the algorithm and what it raised."""
+    settings = OmegaConf.to_container(node, resolve=True)
+    try:
+        accepted = algo_keys(settings["_target_"])
+    except Exception:                        # no such class: instantiate below says so
+        accepted = None
+    unknown = [k for k in settings if accepted is not None and k != "_target_" and k not in accepted]
+    if unknown:
+        raise ConfigError(f"algo.{unknown[0]}", settings[unknown[0]],
+                          f"the keys of algo={node.name}: {', '.join(accepted)}")
+    try:
+        return instantiate(node)
+    except InstantiationException as err:
+        cause = err.__cause__ or err
+        raise ConfigError("algo", node.name, f"values algo={node.name}'s constructor takes (it raised "
+                          f"{type(cause).__name__}: {cause})") from err
 
 
 def _prepared_data(cfg: DictConfig, device: torch.device):

@@ -11,7 +11,7 @@ from normfl.config import config_key
 from normfl.engine.lockstep import Lockstep
 from normfl.results import record_failure
 from normfl.run.setup import shared_key
-from normfl.run.training import INPUT_ERRORS, Training, start
+from normfl.run.training import INPUT_ERRORS, Interrupts, Training, start
 
 log = logging.getLogger("normfl")
 
@@ -60,16 +60,22 @@ def _side_by_side(trainings: list[Training]) -> None:
     """Their rounds in lockstep until each is over; a run whose round raises is recorded as failed."""
     lockstep = Lockstep()
     try:
-        while active := [t for t in trainings if t.active]:
-            results = lockstep.round([(functools.partial(t.algo.round, t.step, t.x), t.clients) for t in active])
-            for t, result in zip(active, results, strict=True):
-                if isinstance(result, BaseException):
-                    if not isinstance(result, Exception):
-                        raise result                     # KeyboardInterrupt, SystemExit: stop everything
-                    t.status, t.active, t.error = "failed", False, repr(result)
-                    t.bar.close()
-                    record_failure(t.out_dir, t.out_dir.name, result, t.key)
-                else:
-                    t.record(*result)
+        with Interrupts() as ctrl_c:
+            while active := [t for t in trainings if t.active]:
+                results = lockstep.round([(functools.partial(t.algo.round, t.step, t.x), t.clients) for t in active])
+                for t, result in zip(active, results, strict=True):
+                    if isinstance(result, BaseException):
+                        if not isinstance(result, Exception):
+                            raise result                 # KeyboardInterrupt, SystemExit: stop everything
+                        t.status, t.active, t.error = "failed", False, repr(result)
+                        t.bar.close()
+                        record_failure(t.out_dir, t.out_dir.name, result, t.key)
+                    else:
+                        t.record(*result)
+                if ctrl_c.requested:                     # each run saves where it stands, then all stop
+                    for t in trainings:
+                        if t.active:
+                            t.save()
+                    raise KeyboardInterrupt
     finally:
         lockstep.close()

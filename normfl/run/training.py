@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import math
 import platform
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,9 +18,10 @@ from tqdm import tqdm
 
 import normfl
 from normfl import checkpoint
-from normfl.config import ConfigError, config_key, validate
+from normfl.config import ConfigError, config_key, resolve_clients, validate
 from normfl.data import label_histogram
 from normfl.ops import EVALUATION, round_generator
+from normfl.privacy import Ledger, certified
 from normfl.results import Recorder, finished
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build
@@ -56,10 +59,35 @@ class Training:
         self.k = self.rec.rows[-1]["round"]
         self.step = self.rec.rows[-1].get("steps", self.k)          # checkpoints from before the column: k
         self.losses, self.uploads = [], 0                            # of the round's steps so far
+        if state and "step" in state:                                # saved part-way through a round (Ctrl-C)
+            self.step, self.losses, self.uploads = state["step"], list(state["losses"]), state["uploads"]
         self.status, self.t0 = "completed", time.perf_counter() - self.rec.rows[-1]["wall_time"]
         self.active = self.k < cfg.rounds
         self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
                         dynamic_ncols=True)
+        if self.algo.private:                                # said before the first round, and again at the end
+            releases = self.algo.planned_releases(cfg.rounds * setup.steps_per_round)
+            self.warn_privacy(planned_spent(self.algo.ledger, releases, self.algo.privacy.epsilon), "will certify")
+
+    def warn_privacy(self, spent: dict, verb: str) -> None:
+        """A warning, on the console and in the log, when the run certifies more than privacy.epsilon."""
+        eps, by = certified(spent)
+        target = self.algo.privacy.epsilon
+        if eps is None or eps <= target:
+            return
+        if self.cfg.algo.get("scope") == "per_round":
+            why = "algo.scope=per_round makes privacy.epsilon each message's ε, not the whole run's"
+        elif self.cfg.privacy.calibration == "paper" and by != "composed":
+            why = ("the papers' noise rule is a heuristic; privacy.calibration=accountant accountant=pld calibrates "
+                   "the noise to privacy.epsilon")
+        else:
+            why = "see the privacy block of summary.json"
+        log.warning("privacy: this run %s ε = %.4g (%s, δ = %g), above privacy.epsilon = %g: %s", verb, eps, by,
+                    self.algo.privacy.delta, target, why)
+
+    def save(self) -> None:
+        """A checkpoint of the run as it stands after its last step."""
+        checkpoint.save(self.out_dir, self.key, checkpoint.snapshot(self, time.perf_counter() - self.t_start))
 
     def evaluate(self, row: dict, at: torch.Tensor, releases: int) -> None:
         s, x_test, y_test = self.setup, self.setup.x_test, self.setup.ds.y_test
@@ -108,7 +136,7 @@ class Training:
         if row.get("test_acc") is not None:
             self.rec.flush()
         if self.active and cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
-            checkpoint.save(self.out_dir, self.key, checkpoint.snapshot(self, time.perf_counter() - self.t_start))
+            self.save()
 
     def finish(self) -> dict:
         """Write the final metrics, parameters and summary; the checkpoint goes."""
@@ -137,7 +165,20 @@ class Training:
                          "python": platform.python_version()},
         })
         checkpoint.remove(self.out_dir)                      # the summary now stands for the run
+        if self.algo.private:
+            self.warn_privacy(summary["privacy"], "certifies")
         return summary
+
+
+def planned_spent(ledger, releases: int, target: float) -> dict:
+    """ε after a run's ``releases`` by its ledger, for the warning before its first round. A dp-accounting
+    ledger asks RDP first, and PLD (slow for small noise) only where it could decide whether the run exceeds
+    ``target``: not where RDP certifies the target already, nor four times above it, a gap the two accountants
+    do not show in practice (in docs/privacy.md's table PLD is 0.91-0.96 times RDP)."""
+    if not isinstance(ledger, Ledger):
+        return ledger.spent(releases)
+    rdp = ledger.spent(releases, ("rdp",))
+    return rdp if rdp["rdp"] is not None and not target < rdp["rdp"] < 4 * target else ledger.spent(releases)
 
 
 def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: bool | None = None,
@@ -150,6 +191,7 @@ def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: b
     it is, and one holding its checkpoint continues from there; ``resume=false`` starts it over."""
     d = RunDir(out_dir, log_name)
     try:
+        resolve_clients(cfg)                                 # partition=natural: the data's client count
         validate(cfg)
         key = config_key(cfg)
         d.claim(key)
@@ -178,11 +220,37 @@ def run(cfg: DictConfig, out_dir: Path, **kw) -> dict:
     if isinstance(t, dict):
         return t
     try:
-        while t.active:
-            t.record(*t.algo.round(t.step, t.x, t.clients))
+        with Interrupts() as ctrl_c:
+            while t.active:
+                t.record(*t.algo.round(t.step, t.x, t.clients))
+                if ctrl_c.requested and t.active:
+                    t.save()
+                    raise KeyboardInterrupt
         return t.finish()
     finally:
         t.rundir.release()
+
+
+class Interrupts:
+    """Ctrl-C while runs train: the first asks them to stop after the step under way, so that they save a
+    checkpoint where they stand (``requested``); a second stops at once. Only the main thread receives
+    signals, so elsewhere Ctrl-C acts as it always does."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nnormfl: stopping after this step to save a checkpoint (Ctrl-C again stops at once)", file=sys.stderr)
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, round_: int):

@@ -1,0 +1,164 @@
+"""``train.py`` as a new user meets it: the default path does not crash on a round nobody takes part in,
+a certificate asked for half-way is refused and a run certifying more than its target says so, sweeps of
+many overrides run in numbered folders with a table of jobs, every run and sweep ends with its outcome,
+and Ctrl-C saves a checkpoint and prints a command that continues the run, exactly as printed."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from normfl.ops import bernoulli_weights
+from normfl.run import run
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["dataset=fashion_mnist", "dataset.train_limit=1000", "dataset.test_limit=200", "model=logreg",
+         "progress=false", "device=cpu", "threads=1"]
+
+
+def train(data_root, *overrides, multirun=False, timeout=300, **kw) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "train.py", *(["-m"] if multirun else []), f"data_root={data_root}", *overrides]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def first_empty_round(n: int, p: float, seed: int) -> int:
+    return next(k for k in range(1000) if not bool((bernoulli_weights(n, p, seed, k) > 0).any()))
+
+
+def test_dp_fedavg_with_rounds_nobody_takes_part_in_runs_on_every_backend(tmp_path, data_root):
+    """Issue 27.1: at p = 0.25 over 10 clients a round has no participant 5.6% of the time; backend=stacked
+    (which auto picks) crashed on it. Every backend now finishes, all with the same numbers."""
+    empty = first_empty_round(10, 0.25, 42)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        base = [*SMALL, f"data_root={data_root}", "algo=dp_fedavg", "p=0.25", f"rounds={empty + 1}",
+                "algo.beta=0.1", "algo.gamma=1.0", "eval_every=1000"]
+        metrics = {}
+        for backend in ("sequential", "vmap", "analytic", "stacked", "auto"):
+            summary = run(compose(config_name="config", overrides=[*base, f"backend={backend}"]), tmp_path / backend)
+            assert summary["status"] == "completed", backend
+            metrics[backend] = pd.read_csv(tmp_path / backend / "metrics.csv")
+    row = metrics["stacked"].iloc[empty + 1]                            # round empty + 1 ran round k = empty
+    assert row["transmissions"] == 0 and np.isnan(row["train_loss"])
+    for backend, m in metrics.items():
+        pd.testing.assert_frame_equal(m.drop(columns="wall_time"), metrics["sequential"].drop(columns="wall_time"),
+                                      rtol=1e-4, check_exact=False, obj=backend)
+
+
+def test_a_failed_single_run_leaves_a_failed_summary_and_its_traceback(tmp_path, data_root):
+    """Issue 27.1: a run that raises is recorded as a sweep job is: summary.json `failed` with the error, the
+    traceback in train.log, and a closing line that says where."""
+    out = train(data_root, *SMALL, "rounds=3", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
+                "algo=crasher", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "crashed on purpose in round 1" in summary["error"]
+    log = (tmp_path / "train.log").read_text()
+    assert "Traceback" in log and "RuntimeError: crashed on purpose in round 1" in log
+    assert f"normfl: failed: RuntimeError('crashed on purpose in round 1'); traceback in {tmp_path}/train.log" \
+        in out.stdout
+
+
+@pytest.mark.parametrize("half", [["privacy.calibration=accountant"], ["accountant=pld"]])
+def test_a_certificate_asked_for_half_way_is_refused(half, tmp_path, data_root):
+    """Issue 27.2: either half of the calibration alone fell back to the papers' formula without a word."""
+    out = train(data_root, *SMALL, "rounds=2", "algo=dp_normec", *half, f"hydra.run.dir={tmp_path / 'r'}")
+    assert out.returncode == 1 and not (tmp_path / "r").exists()
+    key = "accountant" if half[0].startswith("privacy") else "privacy.calibration"
+    assert out.stderr.startswith(f"normfl: invalid config: {key}=") and "allowed: " in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_run_certifying_more_than_its_target_says_so_at_the_start_and_the_end(tmp_path, data_root):
+    """Issue 27.2: the papers' rule at ε = 8 certifies ε_PLD ≈ 84 for DP-FedAvg at p = 0.25 (no amplification
+    claimed). The console and the log say so before the first round and after the last; a calibrated run
+    certifies at most its target and says nothing."""
+    out = train(data_root, *SMALL, "rounds=2", "algo=dp_fedavg", "p=0.25", f"hydra.run.dir={tmp_path / 'paper'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    log = (tmp_path / "paper" / "train.log").read_text()
+    eps = json.loads((tmp_path / "paper" / "summary.json").read_text())["privacy"]["epsilon_pld"]
+    assert eps > 8
+    for text in (out.stdout + out.stderr, log):
+        assert "privacy: this run will certify ε = " in text and "privacy: this run certifies ε = " in text
+        assert f"{eps:.4g} certified (pld): ABOVE the target" in text
+    out = train(data_root, *SMALL, "rounds=2", "algo=dp_fedavg", "p=0.25", "privacy.calibration=accountant",
+                "accountant=pld", f"hydra.run.dir={tmp_path / 'pld'}")
+    assert out.returncode == 0 and "privacy: this run" not in out.stdout + out.stderr
+    assert "certified (pld) |" in out.stdout
+
+
+def test_a_sweep_of_many_overrides_runs_in_numbered_folders_and_ends_with_a_table(tmp_path, data_root):
+    """Issue 27.3-4: 15 overrides made a sub-directory name too long for the file system. Job folders are the
+    job numbers, jobs.csv says which values each ran, each job ends with its line and the sweep with a table."""
+    many = [*SMALL, "rounds=2", "clients=4", "algo=normec", "algo.gamma=0.1", "algo.alpha=0.01", "batch_size=16",
+            "eval_every=1", "seed=3", "partition=iid", "checkpoint_every=0", "algo.server_norm=false"]
+    assert len(many) >= 15
+    out = train(data_root, *many, "algo.beta=0.01,0.1", f"hydra.sweep.dir={tmp_path}", multirun=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0", "1"]
+    jobs = pd.read_csv(tmp_path / "jobs.csv")
+    assert list(jobs["folder"].astype(str)) == ["0", "1"] and list(jobs["algo.beta"]) == [0.01, 0.1]
+    assert list(jobs["status"]) == ["completed", "completed"]
+    assert out.stdout.count("normfl: completed in ") == 2
+    acc = [json.loads((tmp_path / j / "summary.json").read_text())["final_test_acc"] for j in ("0", "1")]
+    assert f"normfl sweep: 2 completed in {tmp_path}" in out.stderr
+    table = (tmp_path / "jobs.md").read_text()
+    assert table in out.stderr and "algo.beta" in table
+    assert all(f"{100 * a:.2f}" in table for a in acc)
+
+
+def test_a_single_run_ends_with_one_line(tmp_path, data_root):
+    """Issue 27.4: status, final and best accuracy, ε asked and certified, directory and time, in one line,
+    on the console and in the log."""
+    out = train(data_root, *SMALL, "rounds=3", "algo=normec", f"hydra.run.dir={tmp_path}")
+    s = json.loads((tmp_path / "summary.json").read_text())
+    line = (f"normfl: completed in {s['wall_time_s']:.1f}s | test accuracy {100 * s['final_test_acc']:.2f}% final, "
+            f"{100 * s['best_test_acc']:.2f}% best (round {s['best_round']}) | not private | {tmp_path}")
+    assert out.stdout.strip().splitlines()[-1] == line
+    assert (tmp_path / "train.log").read_text().rstrip().endswith(line)
+
+
+def interrupt(cmd: list[str], run_dir: Path, after_rows: int) -> subprocess.CompletedProcess:
+    """Start a run, send SIGINT (Ctrl-C) once metrics.csv has ``after_rows`` rows, and wait for it."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        m = run_dir / "metrics.csv"
+        if m.exists() and len(m.read_text().splitlines()) > after_rows:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("reading", ["text", "pass"])
+def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_finishes_the_run_exactly(reading, tmp_path, data_root):
+    """Issue 27.5: after Ctrl-C the message said the same command continues, but without a run directory the
+    same command starts over elsewhere, and a run shorter than checkpoint_every had no checkpoint. Now Ctrl-C
+    saves one after the step under way (part-way through a pass, too), and the printed command, run as
+    printed, ends with the same metrics and parameters as a run never interrupted."""
+    args = [*SMALL, "algo=normec", "clients=4", "rounds=40", "save_params=true", "resume=false", f"reading={reading}",
+            "batch_size=50", "eval_every=5"]
+    whole = train(data_root, *args, f"hydra.run.dir={tmp_path / 'whole'}")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    cut = tmp_path / "cut"
+    out = interrupt([sys.executable, "train.py", f"data_root={data_root}", *args, f"hydra.run.dir={cut}"], cut, 3)
+    assert out.returncode == 130 and (cut / "checkpoint.pt").exists(), out.stderr[-2000:]
+    assert 40 > pd.read_csv(cut / "metrics.csv")["round"].max() >= 2
+    printed = out.stderr.strip().splitlines()[-1].strip()
+    assert "hydra.run.dir=" in printed and "resume=false" not in printed
+    again = subprocess.run(shlex.split(printed), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    a, b = (pd.read_csv(tmp_path / d / "metrics.csv").drop(columns="wall_time") for d in ("whole", "cut"))
+    pd.testing.assert_frame_equal(a, b)
+    assert np.array_equal(np.load(tmp_path / "whole" / "params.npy"), np.load(cut / "params.npy"))

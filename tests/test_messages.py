@@ -1,0 +1,164 @@
+"""Issue 27, item 7: the names and messages a new user trips on.
+
+1. ``partition=natural`` takes the number of clients from the data's `client` array (``clients: null``), and
+   refuses an explicit count that differs, naming ``clients`` (not the partition function's ``num_clients``);
+2. an unknown ``+algo.<key>`` lists the keys the algorithm takes, not a Python TypeError;
+3. the data line of the log gives the sizes the run uses (``dataset.train_limit``), once;
+4. ``summary.json``'s privacy block says what its ``std`` is measured on (``std_on``) and gives a number
+   comparable across algorithms (``std_in_update``): DP-α-NormEC's noise is on Δ_i (norm ≤ 1, weighted by β
+   at the server), DP-Clip21's on the clipped message (norm ≤ β, weight 1).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from test_bad_input import npz, refused  # tests/ is on the path (pytest's rootdir import mode)
+
+from normfl.algorithms import DPFL, Algorithm, Clip21, DPSGDNorm, FedAvg, FedNormEC, NormEC, NormFedAvg
+from normfl.config import ConfigError, config_key, resolve_clients, validate
+from normfl.run.setup import algo_keys
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["dataset=fashion_mnist", "dataset.train_limit=500", "dataset.test_limit=100", "model=logreg", "rounds=2",
+        "clients=3", "progress=false", "device=cpu", "threads=1"]
+
+
+def train(data_root, *overrides, multirun=False) -> subprocess.CompletedProcess:
+    """``python train.py`` as the user runs it, in its own process."""
+    cmd = [sys.executable, "train.py", *(["-m"] if multirun else []), f"data_root={data_root}", *overrides]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+
+
+def cfg_with(*overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+# -- 1. partition=natural: the number of clients is the data's ------------------------------------------------
+
+
+def test_natural_partition_takes_the_number_of_clients_from_the_data(tmp_path, data_root):
+    path = npz(tmp_path / "f.npz", client=np.arange(200) % 5)            # 5 distinct client ids
+    d = tmp_path / "run"
+    out = train(data_root, "dataset=npz", f"dataset.path={path}", "partition=natural", "model=logreg", "rounds=2",
+                "progress=false", "device=cpu", "threads=1", f"hydra.run.dir={d}")
+    assert out.returncode == 0, out.stderr
+    recorded = OmegaConf.load(d / ".hydra" / "config.yaml")
+    summary = json.loads((d / "summary.json").read_text())
+    assert recorded.clients == 5 and summary["clients"] == 5
+    assert summary["config_key"] == config_key(recorded)               # the key is that of the real count
+
+
+def test_natural_partition_refuses_another_count(tmp_path, data_root):
+    path = npz(tmp_path / "f.npz", client=np.arange(200) % 5)
+    refused(tmp_path, data_root, ["dataset=npz", f"dataset.path={path}", "partition=natural"],   # with clients=4
+            f"normfl: invalid config: clients=4; allowed: 5 (the distinct client ids of {path}'s client array) "
+            "with partition=natural, or null\n")
+
+
+def test_composing_natural_keeps_its_node_and_an_explicit_count_wins():
+    node = {"_target_": "normfl.data.partition.natural", "_partial_": True}
+    cfg = cfg_with("partition=natural")
+    assert OmegaConf.to_container(cfg.partition) == node and cfg.clients is None
+    for overrides in (("partition=natural", "clients=5"), ("clients=5", "partition=natural")):
+        cfg = cfg_with(*overrides)
+        assert OmegaConf.to_container(cfg.partition) == node and cfg.clients == 5
+    assert cfg_with("partition=iid").clients == 10
+
+
+def test_resolve_counts_the_clients_of_the_samples_the_run_uses(tmp_path):
+    path = npz(tmp_path / "f.npz", client=np.repeat(np.arange(5), 40))    # ids 0, 0, ..., 4
+    base = ("dataset=npz", f"dataset.path={path}", "partition=natural")
+    cfg = cfg_with(*base)
+    resolve_clients(cfg)
+    assert cfg.clients == 5
+    cfg = cfg_with(*base, "dataset.train_limit=50")                       # the first 50 samples: ids 0 and 1
+    resolve_clients(cfg)
+    assert cfg.clients == 2
+    validate(cfg)
+    resolve_clients(cfg)                                                  # once resolved, a no-op
+    with pytest.raises(ConfigError) as err:
+        resolve_clients(cfg_with(*base, "dataset.train_limit=50", "clients=5"))
+    assert str(err.value) == (f"invalid config: clients=5; allowed: 2 (the distinct client ids of {path}'s client "
+                              "array in the 50 training samples the run uses: dataset.train_limit=50) with "
+                              "partition=natural, or null")
+    cfg = cfg_with("clients=7")                                           # another partition: left alone
+    resolve_clients(cfg)
+    assert cfg.clients == 7
+
+
+def test_null_clients_is_only_for_the_natural_partition():
+    with pytest.raises(ConfigError) as err:
+        validate(cfg_with("clients=null", "partition=dirichlet"))
+    assert str(err.value) == ("invalid config: clients=None; allowed: an integer >= 1 (null only with "
+                              "partition=natural: the number of distinct client ids in the data)")
+
+
+def test_natural_partition_needs_a_client_array(tmp_path, data_root):
+    path = npz(tmp_path / "f.npz")
+    refused(tmp_path, data_root, ["dataset=npz", f"dataset.path={path}", "partition=natural", "clients=null"],
+            f"partition='natural'; allowed: only with an npz carrying a `client` array ({path} has none)")
+
+
+# -- 2. an unknown algorithm key ------------------------------------------------------------------------------
+
+
+def test_an_unknown_algorithm_key_lists_the_keys(tmp_path, data_root):
+    refused(tmp_path, data_root, ["algo=normec", "+algo.foo=1"],
+            "normfl: invalid config: algo.foo=1; allowed: the keys of algo=normec: alpha, beta, gamma, name, "
+            "private, server_norm\n")
+
+
+def test_a_value_the_constructor_raises_on_names_the_algorithm(tmp_path, data_root):
+    err = refused(tmp_path, data_root, ["algo=normec", "algo.alpha=null"],
+                  "invalid config: algo='normec'; allowed: values algo=normec's constructor takes (it raised "
+                  "TypeError: ")
+    assert "unexpected keyword" not in err
+
+
+def test_the_keys_listed_are_those_of_the_algorithm_configs():
+    for name in ("normec", "clip21", "dpsgd_norm", "dp_fed_normec", "dp_fedavg", "normfedavg", "dpfl"):
+        node = OmegaConf.load(REPO / "conf" / "algo" / f"{name}.yaml")
+        keys = set(node) - {"_target_", "defaults"}
+        assert keys <= set(algo_keys(node._target_)), name
+    assert algo_keys("normfl.algorithms.FedNormEC")[:3] == ["alpha", "beta", "cohort_size"]   # through **kw
+
+
+# -- 3 and 4: the data line, and what the privacy block's std is on ------------------------------------------
+
+
+def test_the_log_line_and_the_privacy_block(tmp_path, data_root):
+    """One process runs DP-α-NormEC and DP-Clip21 at the same settings (β = 0.1): their ``std`` differ
+    tenfold, their ``std_in_update`` agree."""
+    out = train(data_root, *TINY, "algo=dp_normec,dp_clip21", "algo.beta=0.1", f"hydra.sweep.dir={tmp_path}",
+                "hydra.sweep.subdir=${algo.name}", multirun=True)
+    assert out.returncode == 0, out.stderr
+    for name in ("dp_normec", "dp_clip21"):
+        lines = [line for line in (tmp_path / name / "train.log").read_text().splitlines() if " train / " in line]
+        assert len(lines) == 1 and ("Fashion-MNIST: 500 of 60000 train / 100 of 10000 test (standard split) from "
+                                    f"torchvision:{data_root}") in lines[0], lines
+    normec, clip21 = (json.loads((tmp_path / n / "summary.json").read_text())["privacy"]
+                      for n in ("dp_normec", "dp_clip21"))
+    assert normec["std_on"] == "Δ_i = Norm_α(∇f_i(x^k) - g_i^k), norm ≤ 1, weighted by β = 0.1 at the server"
+    assert clip21["std_on"] == "Δ_i = Clip_β(∇f_i(x^k) - g_i^k), norm ≤ β = 0.1, weighted by 1 at the server"
+    assert normec["noise_multiplier"] == pytest.approx(clip21["noise_multiplier"])
+    assert normec["std"] == pytest.approx(10 * clip21["std"])
+    assert normec["std_in_update"] == pytest.approx(0.1 * normec["std"])
+    assert clip21["std_in_update"] == pytest.approx(clip21["std"])
+    assert normec["std_in_update"] == pytest.approx(clip21["std_in_update"])
+    for block in (normec, clip21):                                       # the fields there were, unchanged
+        assert {"mechanism", "noise_by", "sensitivity", "std", "noise_multiplier", "sampling_rate", "assumptions",
+                "target_epsilon", "delta", "epsilon_rdp", "epsilon_pld", "calibration"} <= set(block)
+
+
+def test_every_private_algorithm_says_what_its_noise_is_on():
+    for cls in (NormEC, Clip21, DPSGDNorm, FedNormEC, FedAvg, NormFedAvg, DPFL):
+        assert cls.noise_target is not Algorithm.noise_target, cls.__name__
