@@ -19,15 +19,21 @@ IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normfedavg-t4 normfedavg-f3 normfedavg-t5 normfedavg-f4 normfedavg-t6 normfedavg-f5
 REPRODUCE := $(BIN)/python -m normfl.reproduce
 
-.PHONY: install run test lint bench scale privacy-table clean figures report all-figures alidpfl-readings $(IDS)
+.PHONY: install lock run test lint bench scale privacy-table clean figures report all-figures alidpfl-readings $(IDS)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-install: $(STAMP)          ## create .venv and install normfl with its dev tools
+install: $(STAMP)          ## create .venv with the locked, tested environment (requirements.lock) and normfl in it
+
+lock:                      ## re-resolve pyproject.toml's ranges in a fresh venv and pin the result in requirements.lock
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv && .lock-venv/bin/python -m pip install -q -e '.[dev]'
+	(sed -n '1,2p' requirements.lock; .lock-venv/bin/python -m pip freeze --exclude-editable) > requirements.lock.tmp
+	mv requirements.lock.tmp requirements.lock && rm -rf .lock-venv
 
 NOW     := $(shell date +%Y-%m-%d_%H-%M-%S)
 RUN_DIR ?= outputs/runs/make-run/$(NOW)
