@@ -1,10 +1,13 @@
 """Reproduce the papers' figures and tables: ``python -m normfl.reproduce <command> ...``.
 
     run IDS...      train the missing runs of each ID's grid, then draw its figure/table
+    campaign IDS... train their missing runs within --budget, record them, and write one archive of them
+    record          add the store's finished runs to the committed records (outputs/records)
     figures [IDS]   draw figures/tables from stored runs only (all IDs by default)
     report          write REPRODUCTION.md from stored runs
     list            the IDs, their grid files and grid sizes
-    adopt DIRS...   copy finished hand-made runs into the store when a grid needs them
+    adopt DIRS...   copy finished hand-made runs into the store when a grid needs them; a campaign's
+                    archive (.tar.gz): merge its records and checkpoints into this clone
     together DIRS.. train the runs whose configs the driver left in DIRS side by side (``run --stack``)
 
 IDs are written as in REPRODUCTION.md or as make targets (NORMEC-T2 = normec-t2 = normec_t2).
@@ -36,7 +39,8 @@ def store_dir(given: Path | None = None) -> Path:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=("run", "figures", "report", "list", "adopt", "together"))
+    ap.add_argument("command", choices=("run", "campaign", "record", "figures", "report", "list", "adopt",
+                                        "together"))
     ap.add_argument("names", nargs="*", help="IDs (run, figures) or run folders (adopt, together)")
     ap.add_argument("--profile", default="paper", choices=jobs.PROFILES)
     ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
@@ -52,6 +56,10 @@ def main(argv=None) -> None:
     ap.add_argument("--launcher", default=None, help="train through this Hydra launcher (slurm, joblib, "
                     "submitit_local, stacked): one `train.py -m` sweep per block of the grid, each job into its "
                     "store folder; key=value words among the names go to train.py, e.g. hydra.launcher.partition=gpu")
+    ap.add_argument("--budget", default="25m", help="campaign: wall-clock time to train within (90s, 25m, 2h)")
+    ap.add_argument("--checkpoints", action="store_true", help="campaign: also archive unfinished runs' checkpoints")
+    ap.add_argument("--archive", type=Path, default=None, help="campaign: where to write the archive "
+                    "(default outputs/campaigns/<time>.tar.gz)")
     args = ap.parse_intermixed_args(argv)
     args.store = store_dir(args.store)
     args.overrides = [n for n in args.names if "=" in n]
@@ -63,8 +71,22 @@ def main(argv=None) -> None:
 
     from normfl.reproduce import targets
 
+    if args.command == "adopt" and args.names and all(n.endswith((".tar.gz", ".tgz")) for n in args.names):
+        from normfl.reproduce import campaign
+
+        refused = sum(campaign.adopt(Path(n), args.store) for n in args.names)
+        if refused:
+            sys.exit(f"normfl: {refused} record(s) refused, the rest merged")
+        return None
     if args.command == "adopt":
         return adopt(args.names, args.profile, args.store)
+    if args.command == "record":
+        from normfl.reproduce import records
+
+        for d in sorted(p.parent for p in args.store.glob("*/summary.json")):
+            if store.status(d) in store.FINISHED:
+                print(f"  {records.pack(d):6s} {d.name}")
+        return None
     if args.command == "together":
         return together(args.names, args.threads)
     if args.command == "list":
@@ -75,6 +97,17 @@ def main(argv=None) -> None:
         return None
     chosen = [targets.get(n) for n in args.names] or [t for t in targets.TARGETS.values()
                                                        if jobs.has_profile(t.grid, args.profile)]
+    if args.command == "campaign":
+        from normfl.reproduce import campaign
+
+        job_list = list({j.key: j for t in chosen for j in jobs.jobs(t.grid, args.profile)}.values())
+        try:
+            budget = campaign.seconds(args.budget)
+        except ValueError as err:
+            raise ConfigError("--budget", args.budget, "a duration such as 90s, 25m or 2h") from err
+        path = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints, args.archive)
+        print(f"archive: {path}" if path else "archive: none (no run finished or stopped)")
+        return None
     if args.command == "run":
         print(f"store: {args.store}")
         for t in chosen:

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from normfl.reproduce import jobs, store  # noqa: E402
+from normfl.reproduce import jobs, records, store  # noqa: E402
 from normfl.reproduce.paper import paper_numbers, paper_value  # noqa: E402
 
 OUT = store.ROOT / "docs" / "reproduction"
@@ -32,7 +32,7 @@ def runs(target, profile: str, store_dir: Path) -> pd.DataFrame:
     """One row per run of the ID's grid: its settings, status and summary numbers (in %)."""
     rows = []
     for job in jobs.jobs(target.grid, profile):
-        cfg, d = job.cfg, job.dir(store_dir)
+        cfg, d = job.cfg, records.locate(job.key, store_dir)
         sel = lambda key, cfg=cfg: OmegaConf.select(cfg, key, default=None)  # noqa: E731
         row = {"key": job.key, "dir": d, "status": store.status(d), "command": job.command(),
                "method": job.method, "dataset": DATASETS.get(cfg.dataset._target_.rsplit(".", 1)[1]),
@@ -55,9 +55,10 @@ def runs(target, profile: str, store_dir: Path) -> pd.DataFrame:
 
 @functools.cache
 def curve(run_dir: Path) -> pd.DataFrame:
-    """A finished run's metrics (read once per process: figures and the report share runs; callers
-    must not modify the frame)."""
-    return pd.read_csv(Path(run_dir) / "metrics.csv")
+    """A finished run's metrics, from a run directory or a record (read once per process: figures and the
+    report share runs; callers must not modify the frame)."""
+    plain = Path(run_dir) / "metrics.csv"
+    return pd.read_csv(plain if plain.is_file() else plain.with_suffix(".csv.gz"))
 
 
 def caption(df: pd.DataFrame, profile: str) -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import logging
 import math
 import platform
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -161,8 +164,7 @@ class Training:
             "wall_time_s": time.perf_counter() - self.t_start,
             "seconds_per_round": (time.perf_counter() - self.t0) / max(1, self.rec.rows[-1]["round"]),
             "peak_rss_mb": peak_rss_mb(),
-            "versions": {"normfl": normfl.__version__, "torch": torch.__version__,
-                         "python": platform.python_version()},
+            **where(s.device),
         })
         checkpoint.remove(self.out_dir)                      # the summary now stands for the run
         if self.algo.private:
@@ -261,6 +263,42 @@ def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, ro
     idx = torch.randperm(len(y), generator=round_generator(seed, EVALUATION, round_, "cpu"))
     idx = idx[:max(1, int(fraction * len(y)))].sort().values
     return x[idx.to(x.device)], y[idx]
+
+
+def where(device: torch.device) -> dict:
+    """Where a run ran, for its summary: the device's name, the versions of what computed it (torch, CUDA,
+    cuDNN and the libraries its numbers depend on) and the commit of normfl's checkout (``-dirty`` with
+    uncommitted changes; None outside a git checkout)."""
+    cuda = device.type == "cuda"
+    versions = {"normfl": normfl.__version__, "torch": torch.__version__, "python": platform.python_version(),
+                "cuda": torch.version.cuda if cuda else None, "cudnn": torch.backends.cudnn.version() if cuda else None}
+    for package in ("torchvision", "numpy", "dp-accounting", "hydra-core", "omegaconf"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(), "versions": versions,
+            "commit": commit()}
+
+
+def cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+@functools.cache
+def commit() -> str | None:
+    root = Path(normfl.__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if dirty else "")
 
 
 def peak_rss_mb() -> float | None:

@@ -1,0 +1,137 @@
+"""Campaigns: train the missing runs of some IDs within a wall-clock budget, wherever there is time (a laptop,
+a GPU box for an hour, a SLURM job), and bring them home as one archive that another clone adopts.
+
+    python -m normfl.reproduce campaign normfedavg-t6 alidpfl-t2 --budget 25m [--checkpoints]
+    python -m normfl.reproduce adopt outputs/campaigns/<time>.tar.gz          # on another clone
+
+A campaign lists the runs it will train, in order, and trains them one after another (``--parallel``
+at once). A run still going when the budget is nearly spent gets Ctrl-C, so it saves a checkpoint where it
+stands and stops (``normfl.run.training.Interrupts``); a later campaign, here or where the archive is
+adopted with its checkpoints, continues it. Finished runs become records (``records.pack``); the archive
+holds them and, with ``--checkpoints``, each unfinished run's checkpoint and config.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from normfl.reproduce import records, store
+from normfl.reproduce.jobs import ROOT, Job
+
+ARCHIVE_MAX = 16 * 2**20               # what one archive may weigh (a GPU box hands back files up to 16 MiB)
+GRACE = 0.05                           # of the budget left for the last step and the checkpoint
+
+
+def seconds(budget: str) -> float:
+    """'25m', '90s', '2h' or a number of seconds."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([smh]?)\s*", str(budget))
+    if not m:
+        raise ValueError(f"--budget={budget!r}; allowed: a duration such as 90s, 25m or 2h")
+    return float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]]
+
+
+def train(job: Job, store_dir: Path, deadline: float, threads: int) -> str:
+    """Train one run in its store folder until it finishes or the deadline comes (then Ctrl-C: it saves a
+    checkpoint and stops); its status: completed, diverged, failed or stopped."""
+    d = job.dir(store_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), *job.overrides, f"hydra.run.dir={d}", f"threads={threads}",
+           "progress=false"]
+    stopped = False
+    with open(d / "stdout.txt", "a") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            stopped = True
+    st = store.status(d)
+    return st if st != "missing" else "stopped" if stopped else "failed"
+
+
+def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1, threads: int | None = None,
+        checkpoints: bool = False, out: Path | None = None, log=print) -> Path | None:
+    """Train the jobs not yet recorded or finished, within ``budget_s`` seconds; pack the finished ones into
+    records and write the archive (None when nothing finished or stopped)."""
+    t0 = time.time()
+    deadline = t0 + budget_s * (1 - GRACE)
+    todo = [j for j in job_list if not (records.RECORDS / j.key / "summary.json").is_file()
+            and store.status(j.dir(store_dir)) not in store.FINISHED]
+    threads = threads or max(1, (os.cpu_count() or 1) // parallel)
+    log(f"campaign: {len(todo)} of {len(job_list)} runs to train within {budget_s / 60:.1f} min, in this order:")
+    for i, job in enumerate(todo, 1):
+        resume = " (continues its checkpoint)" if (job.dir(store_dir) / "checkpoint.pt").exists() else ""
+        log(f"  {i:3d}. {job.key}  {job.command()}{resume}")
+
+    def one(job: Job) -> tuple[Job, str]:
+        return job, ("not started" if time.time() >= deadline else train(job, store_dir, deadline, threads))
+
+    done, stopped = [], []
+    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+        for job, st in pool.map(one, todo):
+            log(f"  {st:11s} {time.time() - t0:7.0f} s  {job.key}")
+            if st in store.FINISHED:
+                log(f"              record {records.pack(job.dir(store_dir))}")
+                done.append(job)
+            elif st == "stopped":
+                stopped.append(job)
+    if not done and not (checkpoints and stopped):
+        return None
+    return archive(done, stopped if checkpoints else [], store_dir, out)
+
+
+def archive(done: list[Job], stopped: list[Job], store_dir: Path, out: Path | None = None) -> Path:
+    """One .tar.gz of the finished runs' records and the stopped runs' checkpoints and configs."""
+    out = out or ROOT / "outputs" / "campaigns" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}.tar.gz"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for job in done:
+            tar.add(records.RECORDS / job.key, arcname=f"records/{job.key}")
+        for job in stopped:
+            d = job.dir(store_dir)
+            if (d / "checkpoint.pt").exists():          # stopped before its first step: nothing to carry
+                for name in ("checkpoint.pt", ".hydra/config.yaml"):
+                    tar.add(d / name, arcname=f"store/{job.key}/{name}")
+    if tmp.stat().st_size > ARCHIVE_MAX:
+        tmp.unlink()
+        raise ValueError(f"the archive would weigh more than {ARCHIVE_MAX >> 20} MiB: run the campaign with a "
+                         "smaller budget, or without --checkpoints")
+    tmp.replace(out)
+    return out
+
+
+def adopt(path: Path, store_dir: Path, log=print) -> int:
+    """Merge an archive into this clone: each record added, or left (the same record is here) or refused (a
+    record of the same key differs, or its config is not its key); each checkpoint put where a later
+    campaign continues it, unless that run is here already. Returns the number refused."""
+    refused = 0
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(path) as tar:
+        tar.extractall(tmp, filter="data")
+        for rec in sorted((Path(tmp) / "records").glob("*")):
+            try:
+                log(f"  {records.pack(rec):8s} {rec.name}")
+            except records.RecordError as err:
+                refused += 1
+                log(f"  refused  {err}")
+        for saved in sorted((Path(tmp) / "store").glob("*")):
+            d = store_dir / saved.name
+            if (records.RECORDS / saved.name / "summary.json").is_file() or (d / "summary.json").exists() \
+                    or (d / "checkpoint.pt").exists():
+                log(f"  left     {saved.name}: its run is here already")
+                continue
+            (d / ".hydra").mkdir(parents=True, exist_ok=True)
+            for name in ("checkpoint.pt", ".hydra/config.yaml"):
+                (d / name).write_bytes((saved / name).read_bytes())
+            log(f"  resumable {saved.name}: its checkpoint is in {d}")
+    return refused

@@ -1,0 +1,105 @@
+"""The committed results store: ``outputs/records/<key>/``, one compact record of each finished run of a
+figure's grid, kept in the repository so that the figures and tables travel with the code that made them
+and runs made anywhere (a laptop, a GPU box, a SLURM job) add up.
+
+A record is what the figures read of a run and nothing more: ``config.yaml`` (the resolved config; its
+key is the folder's name), ``summary.json`` (status, numbers, where it ran: device and its name, library
+versions, data source, commit) and ``metrics.csv.gz`` (the per-round table, gzip without a timestamp, so
+the same run packs to the same bytes). No checkpoints, parameters or logs. A record is never overwritten:
+packing a run whose key has a record adds nothing when the two are the same and is refused when they
+differ, naming what differs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from normfl.config import config_key
+from normfl.errors import ConfigError
+from normfl.reproduce.jobs import ROOT
+from normfl.results import FINISHED
+
+RECORDS = ROOT / "outputs" / "records"
+FILES = ("config.yaml", "summary.json", "metrics.csv.gz")
+
+
+class RecordError(ConfigError):
+    """A run that cannot become a record, or a record that would change a stored one."""
+
+    def __init__(self, where, why: str):
+        super().__init__("record", str(where), why, f"refused: {where}: {why}")
+
+
+def locate(key: str, store: Path) -> Path:
+    """Where a run of this key is read from: its record when there is one, else the working store's folder."""
+    return RECORDS / key if (RECORDS / key / "summary.json").is_file() else store / key
+
+
+def contents(run_dir: Path) -> dict[str, bytes]:
+    """A finished run directory (or a record) as a record's files, checked: its config gives its key."""
+    run_dir = Path(run_dir)
+    cfg = run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else run_dir / ".hydra" / "config.yaml"
+    gz = run_dir / "metrics.csv.gz"
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        files = {"config.yaml": cfg.read_bytes(), "summary.json": (run_dir / "summary.json").read_bytes(),
+                 "metrics.csv.gz": gz.read_bytes() if gz.is_file() else
+                 gzip.compress((run_dir / "metrics.csv").read_bytes(), mtime=0)}
+    except (OSError, ValueError) as err:
+        raise RecordError(run_dir, f"a finished run's config, summary.json and metrics.csv ({err})") from None
+    if summary.get("status") not in FINISHED:
+        raise RecordError(run_dir, f"a finished run (its status is {summary.get('status')!r})")
+    key = config_key(OmegaConf.create(files["config.yaml"].decode()))
+    if summary.get("config_key") != key:
+        raise RecordError(run_dir, f"a summary of its config ({key}), not of {summary.get('config_key')}")
+    return files
+
+
+def differences(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
+    """What differs between two records' files (the summaries by field, wall times and where it ran aside:
+    the same run made twice differs there and only there)."""
+    out = [name for name in ("config.yaml", "metrics.csv.gz") if _table(name, a[name]) != _table(name, b[name])]
+    sa, sb = (json.loads(x["summary.json"]) for x in (a, b))
+    fields = [k for k in sorted(set(sa) | set(sb)) if k not in PLACE_AND_TIME and sa.get(k) != sb.get(k)]
+    return out + [f"summary.json: {', '.join(fields)}"] * bool(fields)
+
+
+PLACE_AND_TIME = ("wall_time_s", "seconds_per_round", "peak_rss_mb", "threads", "backend", "device", "device_name",
+                  "data_source", "versions", "commit", "adopted_from", "adopted_key")
+
+
+def _table(name: str, data: bytes):
+    if name != "metrics.csv.gz":
+        return data
+    rows = [line.split(",") for line in gzip.decompress(data).decode().splitlines()]
+    cut = rows[0].index("wall_time") if rows and "wall_time" in rows[0] else None
+    return [r[:cut] + r[cut + 1:] if cut is not None else r for r in rows]
+
+
+def pack(run_dir: Path) -> str:
+    """Record a finished run in ``RECORDS``: ``added``, or ``same`` when its record is there already;
+    RecordError when the run is not a finished run of its config, or differs from the record of its key."""
+    files = contents(run_dir)
+    key = json.loads(files["summary.json"])["config_key"]
+    records = RECORDS
+    target = records / key
+    if (target / "summary.json").is_file():
+        if found := differences(contents(target), files):
+            raise RecordError(run_dir, f"a run equal to the stored record {key}; they differ in {'; '.join(found)}")
+        return "same"
+    records.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=records))
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    try:
+        tmp.rename(target)                          # atomic; a record made meanwhile by another wins
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return pack(run_dir)
+    return "added"

@@ -1,0 +1,96 @@
+"""The committed results store (``outputs/records``) and campaigns that fill it: records stay small and
+true to their keys, a record is never overwritten, and a campaign cut by its budget, adopted elsewhere and
+continued there ends with the record an uninterrupted campaign makes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import tarfile
+
+import pytest
+from omegaconf import OmegaConf
+
+from normfl.config import config_key
+from normfl.reproduce import campaign, jobs, records
+from normfl.reproduce.jobs import Job
+
+BUDGET_PER_RUN, BUDGET_TOTAL = 20_000, 8_000_000          # bytes: the repository travels to GPU boxes
+
+
+def test_the_committed_records_are_small_and_true_to_their_keys():
+    recs = [d for d in records.RECORDS.glob("*") if d.is_dir()] if records.RECORDS.is_dir() else []
+    sizes = [sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) for d in recs]
+    assert sum(sizes) <= BUDGET_TOTAL and (not recs or sum(sizes) / len(recs) <= BUDGET_PER_RUN)
+    for d in recs:
+        assert sorted(p.name for p in d.iterdir()) == sorted(records.FILES), d
+        assert config_key(OmegaConf.load(d / "config.yaml")) == d.name
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["config_key"] == d.name and summary["status"] in ("completed", "diverged")
+
+
+def job(data_root, *extra) -> Job:
+    overrides = ["algo=normec", "dataset=fashion_mnist", "dataset.train_limit=200", "dataset.test_limit=100",
+                 "model=logreg", "clients=2", "eval_every=500", "checkpoint_every=0", f"data_root={data_root}",
+                 *extra]
+    cfg = jobs.compose(tuple(overrides))
+    return Job({}, overrides, config_key(cfg), cfg)
+
+
+@pytest.fixture
+def clone(tmp_path, monkeypatch):
+    """A clone's records and store, as folders of their own (``clone(name)`` switches to that clone)."""
+    def switch(name: str):
+        monkeypatch.setattr(records, "RECORDS", tmp_path / name / "records")
+        return tmp_path / name / "store"
+    return switch
+
+
+def test_a_run_is_packed_once_and_a_differing_record_is_refused(clone, data_root, tmp_path):
+    store = clone("a")
+    j = job(data_root, "rounds=5")
+    assert campaign.run([j], store, 300, out=tmp_path / "a.tar.gz") == tmp_path / "a.tar.gz"
+    rec = records.RECORDS / j.key
+    assert sorted(p.name for p in rec.iterdir()) == sorted(records.FILES)
+    assert records.pack(store / j.key) == "same"
+    other = tmp_path / "other"
+    shutil.copytree(rec, other)
+    rows = gzip.decompress((other / "metrics.csv.gz").read_bytes()).decode().replace(",0.", ",1.", 1)
+    (other / "metrics.csv.gz").write_bytes(gzip.compress(rows.encode(), mtime=0))
+    with pytest.raises(records.RecordError, match="differ in metrics.csv.gz"):
+        records.pack(other)
+    summary = json.loads((other / "summary.json").read_text())
+    (other / "summary.json").write_text(json.dumps({**summary, "config_key": "normec-000000000000"}))
+    with pytest.raises(records.RecordError, match="a summary of its config"):
+        records.pack(other)
+    assert (rec / "metrics.csv.gz").read_bytes() != (other / "metrics.csv.gz").read_bytes()   # never overwritten
+
+
+def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(clone, data_root, tmp_path):
+    j = job(data_root, "rounds=12000")
+    store = clone("whole")                                           # one uninterrupted campaign
+    campaign.run([j], store, 600, out=tmp_path / "whole.tar.gz")
+    whole = records.RECORDS / j.key
+
+    store = clone("a")                                               # a budget that stops the run part-way
+    archive = campaign.run([j], store, 14, checkpoints=True, out=tmp_path / "a.tar.gz")
+    assert not (records.RECORDS / j.key).exists()
+    assert f"store/{j.key}/checkpoint.pt" in tarfile.open(archive).getnames()
+
+    store = clone("b")                                               # adopted into another clone, continued
+    assert campaign.adopt(archive, store) == 0 and (store / j.key / "checkpoint.pt").exists()
+    assert campaign.adopt(archive, store) == 0                       # adopting twice changes nothing
+    final = campaign.run([j], store, 600, out=tmp_path / "b.tar.gz")
+    assert records.differences(records.contents(whole), records.contents(records.RECORDS / j.key)) == []
+    assert campaign.adopt(final, store) == 0                         # its own record again: the same
+
+    bad = tmp_path / "bad"                                           # a record that differs is refused
+    with tarfile.open(final) as tar:
+        tar.extractall(bad, filter="data")
+    m = bad / "records" / j.key / "metrics.csv.gz"
+    m.write_bytes(gzip.compress(gzip.decompress(m.read_bytes()).replace(b",0.", b",2.", 1), mtime=0))
+    with tarfile.open(tmp_path / "bad.tar.gz", "w:gz") as tar:
+        tar.add(bad / "records", arcname="records")
+    assert campaign.adopt(tmp_path / "bad.tar.gz", store) == 1
+    assert records.differences(records.contents(whole), records.contents(records.RECORDS / j.key)) == []
