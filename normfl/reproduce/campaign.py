@@ -63,10 +63,15 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
         checkpoints: bool = False, out: Path | None = None, log=print) -> Path | None:
     """Train the jobs not yet recorded or finished, within ``budget_s`` seconds; pack the finished ones into
     records and write the archive (None when nothing finished or stopped)."""
+    from normfl.run.rundir import holder
+
     t0 = time.time()
     deadline = t0 + budget_s * (1 - GRACE)
     todo = [j for j in job_list if not (records.RECORDS / j.key / "summary.json").is_file()
             and store.status(j.dir(store_dir)) not in store.FINISHED]
+    for job in [j for j in todo if holder(j.dir(store_dir))]:      # a live run elsewhere: left to it
+        log(f"campaign: {job.key} is held by another live process ({holder(job.dir(store_dir))}); left to it")
+        todo.remove(job)
     threads = threads or max(1, (os.cpu_count() or 1) // parallel)
     log(f"campaign: {len(todo)} of {len(job_list)} runs to train within {budget_s / 60:.1f} min, in this order:")
     for i, job in enumerate(todo, 1):
