@@ -30,7 +30,7 @@ def snapshot(run, wall_time_s: float) -> dict:
 def restore(run, state: dict) -> None:
     """Put a ``snapshot`` back into a freshly built ``Training``."""
     run.x, run.sent, run.rec.rows = state["x"].to(run.x.device), state["sent"], state["rows"]
-    run.algo.load_state_dict(state["algo"])
+    run.algo.load_state_dict(state["algo"], run.x.device)     # read on the CPU, whatever device wrote it
     run.clients.data.load_state_dict(state["data"])
     run.setup.flat.set_buffers(state["buffers"])
     run.clients.engine.backend = state["backend"]

@@ -1,6 +1,8 @@
 """The GPU subset (``pytest -m gpu``): the stacked backend and runs side by side on CUDA. Skipped where CUDA
 is absent; on a GPU machine run ``source .gpu/on-device.sh && python3 -m pytest -m gpu``."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -71,3 +73,50 @@ def test_deterministic_run_on_cuda_is_bit_identical(tmp_path, data_root):
                      np.load(tmp_path / name / "params.npy")))
     pd.testing.assert_frame_equal(outs[0][0], outs[1][0])
     assert outs[0][1].tobytes() == outs[1][1].tobytes()
+
+
+def _partial_then_resume(data_root, run_dir, first_device, then_device, *overrides, steps=3):
+    """A run started on ``first_device``, stopped after ``steps`` steps with a checkpoint, resumed on
+    ``then_device`` (the same config key: the device is not part of it)."""
+    from normfl.run import run, start
+
+    t = start(config(data_root, *overrides, f"device={first_device}"), run_dir)
+    for _ in range(steps):
+        t.record(*t.algo.round(t.step, t.x, t.clients))
+    t.save()
+    t.rundir.release()
+    run(config(data_root, *overrides, f"device={then_device}"), run_dir)
+    return pd.read_csv(run_dir / "metrics.csv").drop(columns="wall_time"), np.load(run_dir / "params.npy")
+
+
+FED = ("algo=dp_fed_normec", "model=cnn", "dataset=fashion_mnist", "dataset.train_limit=600", "dataset.test_limit=200",
+       "clients=4", "p=0.5", "rounds=8", "backend=stacked", "precision=fp32")
+
+
+@pytest.mark.parametrize("first", ["cuda", "cpu"])
+def test_a_run_resumes_on_cuda_from_a_checkpoint_written_on_either_device(first, tmp_path, data_root):
+    """Issue 29.7: the algorithm's state (client memories) read from a checkpoint goes to the run's device;
+    resumed on CUDA it ends as the run made on CUDA alone (bit for bit from a CUDA checkpoint with
+    deterministic algorithms; to float tolerance from a CPU one)."""
+    from normfl.run import run
+
+    run(config(data_root, *FED, "device=cuda", "deterministic=true"), tmp_path / "alone")
+    alone = pd.read_csv(tmp_path / "alone" / "metrics.csv").drop(columns="wall_time")
+    m, p = _partial_then_resume(data_root, tmp_path / "resumed", first, "cuda", *FED, "deterministic=true")
+    if first == "cuda":
+        pd.testing.assert_frame_equal(m, alone)
+        assert p.tobytes() == np.load(tmp_path / "alone" / "params.npy").tobytes()
+    else:
+        pd.testing.assert_frame_equal(m, alone, rtol=1e-4, check_exact=False)
+
+
+def test_a_short_run_on_cuda_matches_the_cpu_with_tf32_off(tmp_path, data_root):
+    """Issue 29.6 and 31.1: precision=fp32 is full fp32 on CUDA (TF32 off), so a short run ends where the CPU
+    run ends, to 1e-4."""
+    from normfl.run import run
+
+    for device in ("cpu", "cuda"):
+        run(config(data_root, *FED, f"device={device}"), tmp_path / device)
+    a, b = (pd.read_csv(tmp_path / d / "metrics.csv").drop(columns="wall_time") for d in ("cpu", "cuda"))
+    pd.testing.assert_frame_equal(a, b, rtol=1e-4, check_exact=False)
+    assert json.loads((tmp_path / "cuda" / "summary.json").read_text())["numerics"]["tf32"] is False

@@ -11,6 +11,20 @@ from normfl.ops import NOISE, Participation, round_generator
 from normfl.privacy import Privacy, Privatizer, ledger
 
 
+def on_device(value, device: torch.device | None):
+    """``value`` with its tensors on ``device``: a tensor, the tensors in a dict, list or tuple, or an object
+    with a ``to(device)`` method (``ClientMemory``); anything else as it is."""
+    if device is None:
+        return value
+    if isinstance(value, torch.Tensor) or hasattr(value, "to") and callable(value.to):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: on_device(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_device(v, device) for v in value)
+    return value
+
+
 class Clients(Protocol):
     """The clients as an algorithm sees them (``normfl.engine.Clients`` is the real one)."""
 
@@ -115,8 +129,10 @@ class Algorithm:
         """The attributes named in ``state``, as they are."""
         return {name: getattr(self, name) for name in self.state if hasattr(self, name)}
 
-    def load_state_dict(self, state: dict) -> None:
-        vars(self).update({name: state[name] for name in self.state if name in state})
+    def load_state_dict(self, state: dict, device: torch.device | None = None) -> None:
+        """Put ``state_dict``'s attributes back, their tensors on ``device`` (a checkpoint is read on the CPU
+        and may come from another device)."""
+        vars(self).update({name: on_device(state[name], device) for name in self.state if name in state})
 
     def memory_gap(self) -> float | None:
         """||ĝ - mean_i g_i|| for error-feedback methods (0 without noise); None otherwise."""

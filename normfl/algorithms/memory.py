@@ -51,6 +51,13 @@ class ClientMemory:
             ids, rows = written
             self._write(ids, rows.numpy())
 
+    def to(self, device) -> ClientMemory:
+        """The memories on ``device`` (rows in RAM move; rows on disk are read onto it as they are read)."""
+        self.device = torch.device(device)
+        if self.rows is not None:
+            self.rows = self.rows.to(self.device)
+        return self
+
     @property
     def on_disk(self) -> bool:
         return self.file is not None

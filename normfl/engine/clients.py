@@ -46,7 +46,7 @@ class ClientEngine:
 
     def backends(self) -> tuple[str, ...]:
         """The backends that apply to this model and precision (bf16 autocast: sequential and stacked)."""
-        fp32 = self.flat.precision == "fp32"
+        fp32 = self.flat.precision != "bf16"
         return ("sequential",) + (("vmap",) if fp32 else ()) + (("analytic",) if fp32 and self.linear_stack else ()) \
             + (("stacked",) if self.stacked else ())
 

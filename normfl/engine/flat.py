@@ -8,7 +8,23 @@ from torch import nn
 
 from normfl.errors import ConfigError
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")     # full fp32 | fp32 with CUDA's TF32 matmuls and convolutions | bf16 autocast
+
+
+def set_numerics(precision: str, deterministic: bool) -> None:
+    """The process's numerics for a run, stated rather than left to torch's defaults: TF32 only with
+    ``precision=tf32`` (so fp32 means fp32 on a recent NVIDIA GPU too), cuDNN's autotuner on unless the run
+    must repeat every bit, torch's deterministic algorithms when it must."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.use_deterministic_algorithms(deterministic)
+
+
+def numerics() -> dict:
+    """The flags ``set_numerics`` set, as they stand (for a run's summary)."""
+    return {"tf32": torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "deterministic": torch.are_deterministic_algorithms_enabled()}
 
 
 def pick_device(name: str) -> torch.device:

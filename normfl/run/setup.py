@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from normfl.config import ConfigError, resolve_clients, validate_data
 from normfl.data import ClientData, Preprocess, client_test_split
 from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
+from normfl.engine.flat import set_numerics
 from normfl.privacy import Privacy
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     deterministic = bool(cfg.get("deterministic", False))
     if deterministic:                        # cuBLAS needs a fixed workspace for repeatable sums
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic)
+    set_numerics(cfg.precision, deterministic)
     device = pick_device(cfg.device.name)
     resolve_clients(cfg)                     # partition=natural: clients from the data (a no-op once resolved)
     algo = build_algo(cfg.algo)              # before the data: a setting the algorithm lacks is bad input

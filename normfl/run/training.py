@@ -23,6 +23,7 @@ import normfl
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, resolve_clients, validate
 from normfl.data import label_histogram
+from normfl.engine.flat import numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
 from normfl.results import Recorder, finished
@@ -157,6 +158,7 @@ class Training:
             "split": s.ds.split, "train_size": len(s.ds.y_train), "test_size": len(s.ds.y_test),
             "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": s.flat.dim,
             "backend": self.clients.engine.backend, "precision": cfg.precision, "device": str(s.device),
+            "numerics": numerics(),
             "threads": torch.get_num_threads(),
             "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "private": self.algo.private,
             "reading": cfg.get("reading", "text"), "steps": self.step, "steps_per_round": s.steps_per_round,
@@ -176,7 +178,7 @@ def planned_spent(ledger, releases: int, target: float) -> dict:
     """ε after a run's ``releases`` by its ledger, for the warning before its first round. A dp-accounting
     ledger asks RDP first, and PLD (slow for small noise) only where it could decide whether the run exceeds
     ``target``: not where RDP certifies the target already, nor four times above it, a gap the two accountants
-    do not show in practice (in docs/privacy.md's table PLD is 0.91-0.96 times RDP)."""
+    do not show in practice (in docs/privacy-table.md PLD is 0.91-0.96 times RDP)."""
     if not isinstance(ledger, Ledger):
         return ledger.spent(releases)
     rdp = ledger.spent(releases, ("rdp",))

@@ -1,0 +1,47 @@
+"""Numerics a run states rather than inherits (issue 29, items 6-7): precision=fp32 is full fp32 (TF32 off),
+tf32 turns TF32 on, cuDNN's autotuner runs unless the run must repeat every bit, the summary says so; and
+an algorithm's state read from a checkpoint lands on the run's device, whatever device wrote it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from normfl.algorithms import NormEC
+from normfl.algorithms.base import on_device
+from normfl.algorithms.memory import ClientMemory
+from normfl.engine.flat import numerics, set_numerics
+from normfl.run import run
+from tests.test_stacked import config
+
+
+@pytest.mark.parametrize(("precision", "deterministic", "want"), [
+    ("fp32", False, {"tf32": False, "cudnn_benchmark": True, "deterministic": False}),
+    ("tf32", False, {"tf32": True, "cudnn_benchmark": True, "deterministic": False}),
+    ("fp32", True, {"tf32": False, "cudnn_benchmark": False, "deterministic": True}),
+])
+def test_precision_and_determinism_set_the_flags_and_the_summary_names_them(precision, deterministic, want, tmp_path,
+                                                                           data_root):
+    torch.backends.cuda.matmul.allow_tf32 = not want["tf32"]            # whatever came before
+    summary = run(config(data_root, "model=logreg", "rounds=1", f"precision={precision}",
+                         f"deterministic={str(deterministic).lower()}"), tmp_path)
+    assert summary["numerics"] == want and summary["precision"] == precision
+    assert json.loads((tmp_path / "summary.json").read_text())["numerics"] == want
+    set_numerics("fp32", False)
+    assert numerics() == {"tf32": False, "cudnn_benchmark": True, "deterministic": False}
+
+
+def test_a_checkpointed_state_lands_on_the_runs_device():
+    """Checkpoints are read on the CPU; load_state_dict moves every tensor of the state to the run's device
+    (the meta device stands in for a GPU here; tests/test_gpu.py resumes on CUDA)."""
+    meta = torch.device("meta")
+    mem = ClientMemory(3, 4, "cpu", torch.float32)
+    algo = NormEC(0.1, 0.1, 0.01)
+    algo.state = ("g", "ghat", "v", "extra")
+    algo.load_state_dict({"g": torch.zeros(3, 4), "ghat": torch.zeros(4), "v": mem,
+                          "extra": {"a": [torch.ones(2), 3], "b": "text"}}, meta)
+    assert algo.g.device == meta and algo.ghat.device == meta and algo.extra["a"][0].device == meta
+    assert algo.v.device == meta and algo.v.rows.device == meta and algo.extra["a"][1] == 3
+    assert on_device(torch.ones(1), None).device.type == "cpu"
