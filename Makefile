@@ -53,8 +53,8 @@ bench: $(STAMP)            ## round time of settings A-D against the compute flo
 scale: $(STAMP)            ## round time and peak memory at 1,000 / 10,000 / 100,000 clients
 	$(BIN)/python scripts/scale.py $(ARGS)
 
-privacy-table: $(STAMP)    ## regenerate docs/privacy.md from dp-accounting
-	$(BIN)/python scripts/privacy_table.py > docs/privacy.md.tmp && mv docs/privacy.md.tmp docs/privacy.md
+privacy-table: $(STAMP)    ## regenerate docs/privacy-table.md from dp-accounting
+	$(BIN)/python scripts/privacy_table.py > docs/privacy-table.md.tmp && mv docs/privacy-table.md.tmp docs/privacy-table.md
 
 $(IDS): $(STAMP)           ## train the missing runs of one figure/table's grid, then draw it
 	$(REPRODUCE) run $@ $(RUNOPTS) $(ARGS)

@@ -1,6 +1,6 @@
 """The privacy table of the docs: the noise the papers' formula uses, and what accountants certify.
 
-    .venv/bin/python scripts/privacy_table.py > docs/privacy.md      (or: make privacy-table)
+    .venv/bin/python scripts/privacy_table.py > docs/privacy-table.md      (or: make privacy-table)
 
 For each setting the client releases, every round, a vector of norm <= 1 plus Gaussian noise of
 std z (z = p * sigma_mult, the papers' rule: NORMEC §6.2, FEDNORMEC §5, reading A1 in docs/readings.md).

@@ -28,7 +28,7 @@ is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
   set by the grids' `quick:` lists and the run groups' profiles (`normfl/reproduce/grids/`,
   `groups.yaml`). Its numbers are not compared with the paper's.
 
-Data: CIFAR-10 results come from the offline JPEG copy (README, "Data"; labelled so in every run's
+Data: CIFAR-10 results come from the offline JPEG copy (docs/configuration.md, "Data"; labelled so in every run's
 summary); Fashion-MNIST is exact. Status, from the paper profile's runs: **reproduced** (every
 compared number within the tolerance), **deviates** (cause given), **partial** (some runs of the grid
 not trained yet; the comparison covers the stored ones), **drawn** (the paper prints no number for

@@ -32,7 +32,7 @@ class Target:
 
 
 # Tolerances and the causes of the known deviations (each cause is backed by a measurement in the
-# report or README; the report states "deviates" only where a compared number exceeds the tolerance).
+# report or docs/measurements.md; the report states "deviates" only where a compared number exceeds the tolerance).
 NORMEC_TOL = dict(tolerance=2.0, why="one seed (42) in the paper and here; CIFAR-10 from the JPEG copy")
 A2_CAUSE = ("Reading A2 (docs/readings.md), text profile: a round read literally is one minibatch of 32 per client, "
             "so 300 rounds are about two epochs (four with FEDNORMEC's 20 clients); under this reading NORMEC-T2's "
