@@ -91,10 +91,10 @@ def blocks(name: str, profile: str) -> list[tuple[str, dict[str, list]]]:
     in file order: the group's own sweep, then the block's lists, then the profile's."""
     if profile not in PROFILES:
         raise ConfigError("profile", profile, " | ".join(PROFILES))
-    spec = load_grid(name)
-    replace = spec.get(profile, {}) if profile != "paper" else {}   # the profile's lists, in every block
+    grid = load_grid(name)
+    replace = grid.get(profile, {}) if profile != "paper" else {}   # the profile's lists, in every block
     out = []
-    for block in spec["grid"]:
+    for block in grid["grid"]:
         for experiment in replace.get("experiment", block["experiment"]):
             lists = {**sweep(experiment), **{k: v for k, v in block.items() if k != "experiment"}}
             out.append((experiment, {k: replace.get(k, v) for k, v in lists.items()}))
