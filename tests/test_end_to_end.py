@@ -151,6 +151,7 @@ def test_sweep_through_submitit_launcher(tmp_path, data_root):
                      return_hydra_config=True).hydra.launcher
     assert hc._target_.endswith("SlurmLauncher") and hc.partition == "gpu"
     assert (hc.cpus_per_task, hc.mem_gb, hc.timeout_min) == (4, 16, 360)
+    assert hc.max_num_timeout == 3                        # a job at its time limit is requeued and resumes (issue 27.8)
 
     train(data_root, *FMNIST, "rounds=2", "threads=1", "algo.gamma=0.1,-1", "hydra/launcher=submitit_local",
           f"hydra.sweep.dir={tmp_path}", multirun=True, code=1)
