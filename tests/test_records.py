@@ -4,8 +4,8 @@ continued there ends with the record an uninterrupted campaign makes."""
 
 from __future__ import annotations
 
-import gzip
 import json
+import lzma
 import shutil
 import tarfile
 
@@ -56,15 +56,15 @@ def test_a_run_is_packed_once_and_a_differing_record_is_refused(clone, data_root
     assert records.pack(store / j.key) == "same"
     other = tmp_path / "other"
     shutil.copytree(rec, other)
-    rows = gzip.decompress((other / "metrics.csv.gz").read_bytes()).decode().replace(",0.", ",1.", 1)
-    (other / "metrics.csv.gz").write_bytes(gzip.compress(rows.encode(), mtime=0))
-    with pytest.raises(records.RecordError, match="differ in metrics.csv.gz"):
+    rows = lzma.decompress((other / "metrics.csv.xz").read_bytes()).decode().replace(",0.", ",1.", 1)
+    (other / "metrics.csv.xz").write_bytes(lzma.compress(rows.encode()))
+    with pytest.raises(records.RecordError, match="differ in metrics.csv.xz"):
         records.pack(other)
     summary = json.loads((other / "summary.json").read_text())
     (other / "summary.json").write_text(json.dumps({**summary, "config_key": "normec-000000000000"}))
     with pytest.raises(records.RecordError, match="a summary of its config"):
         records.pack(other)
-    assert (rec / "metrics.csv.gz").read_bytes() != (other / "metrics.csv.gz").read_bytes()   # never overwritten
+    assert (rec / "metrics.csv.xz").read_bytes() != (other / "metrics.csv.xz").read_bytes()   # never overwritten
 
 
 def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(clone, data_root, tmp_path):
@@ -88,8 +88,8 @@ def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(clo
     bad = tmp_path / "bad"                                           # a record that differs is refused
     with tarfile.open(final) as tar:
         tar.extractall(bad, filter="data")
-    m = bad / "records" / j.key / "metrics.csv.gz"
-    m.write_bytes(gzip.compress(gzip.decompress(m.read_bytes()).replace(b",0.", b",2.", 1), mtime=0))
+    m = bad / "records" / j.key / "metrics.csv.xz"
+    m.write_bytes(lzma.compress(lzma.decompress(m.read_bytes()).replace(b",0.", b",2.", 1)))
     with tarfile.open(tmp_path / "bad.tar.gz", "w:gz") as tar:
         tar.add(bad / "records", arcname="records")
     assert campaign.adopt(tmp_path / "bad.tar.gz", store) == 1
