@@ -69,7 +69,7 @@ def test_normec_two_rounds_by_hand():
 
 
 def test_ef21_invariant_without_noise():
-    """ĝ^k = (1/n) Σ g_i^k at every round (spec §7 item 3)."""
+    """ĝ^k = (1/n) Σ g_i^k at every round (NORMEC Alg. 1 lines 1, 6 and 10)."""
     centers = torch.randn(5, 30, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     noisy_grads = Quadratic(centers, noise=0.3)
 
@@ -82,7 +82,7 @@ def test_ef21_invariant_without_noise():
 
 
 def test_clip21_with_large_threshold_is_minibatch_sgd():
-    """τ above every ||∇f_i - g_i||: g_i = ∇f_i(x^k) and x^{k+1} = x^k - γ mean ∇f_i (spec §7 item 7)."""
+    """τ above every ||∇f_i - g_i||: g_i = ∇f_i(x^k) and x^{k+1} = x^k - γ mean ∇f_i (Clip21, NORMEC §3.5)."""
     centers = torch.tensor([[1.0, 2.0], [-3.0, 0.5], [0.0, -1.0]], dtype=torch.float64)
     grads = quadratic(centers)
     traj = run(Clip21(gamma=0.2, beta=1e6), torch.zeros(2, dtype=torch.float64), grads, 10, n=3)

@@ -47,7 +47,7 @@ def run(algo, rounds, epsilon, n=3, sizes=None, seed=0):
 
 @pytest.mark.parametrize("tau", [1, 3, 5])
 def test_fixed_tau_runs_min_of_rs_and_rc_over_tau_rounds(tau):
-    # ε = 1.55 supports R_c = 79 steps (spec A.7); R_s = 200 > 79 / τ
+    # ε = 1.55 supports R_c = 79 steps (reading C-A9); R_s = 200 > 79 / τ
     _, infos, clients = run(DPFL(tau=tau, sigma=1.1), 200, 1.55)
     assert len(infos) == min(200, 79 // tau) and all(i["tau"] == tau for i in infos)
     assert infos[-1]["steps_total"] == tau * (79 // tau) and clients.steps == tau * (79 // tau) * 1
@@ -67,7 +67,7 @@ def test_adaptive_never_overspends_and_uses_the_whole_budget():
 
 
 def test_condition_one_keeps_tau_at_one():
-    """R_s >= R_c: T(τ) = R_c for every τ, so G is smallest at τ = 1 (spec A.4)."""
+    """R_s >= R_c: T(τ) = R_c for every τ, so G is smallest at τ = 1 (ALI Sec. VI-B; reading C-A2)."""
     algo = DPFL(adaptive=True, sigma=1.1)
     _, infos, _ = run(algo, 200, 1.55)
     assert {i["tau"] for i in infos} == {1} and len(infos) == 79

@@ -1,5 +1,5 @@
 """What a user reads stands on its own: nothing in the README, REPRODUCTION.md, docs/, the code, the
-scripts or the configs cites an internal spec or a file outside the repository (the offline-data default
+scripts or the configs cites an internal design document or a file outside the repository (the offline-data default
 aside); the papers' ambiguities are cited as entries of docs/readings.md, and every entry cited exists."""
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def test_participation_weight_is_unbiased():
 
 
 def test_server_increment_is_unbiased_under_partial_participation():
-    """Spec §7 item 5: averaged over draws of q, v̂^{k+1} - v̂^k = (β/M) Σ_i Δ_i^k."""
+    """FEDNORMEC Alg. 1 lines 6-11 (reading A7): averaged over draws of q, v̂^{k+1} - v̂^k = (β/M) Σ_i Δ_i^k."""
     centers = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=F64)
     incs = []
     for k in range(4000):
@@ -119,7 +119,7 @@ def test_memory_updates_all_clients_but_only_participants_upload():
 
 
 def test_fedavg_without_memory_and_noise_is_dpsgd_with_smoothed_normalization():
-    """Spec §7 item 6: FedAvg (β Norm_α, p = 1, T = 1, σ = 0) equals DP-SGD-norm at step γ."""
+    """FEDNORMEC App. D.1 (reading A9): FedAvg (β Norm_α, p = 1, T = 1, σ = 0) equals DP-SGD-norm at step γ."""
     centers = torch.randn(5, 7, generator=torch.Generator().manual_seed(4), dtype=F64)
     x0 = torch.ones(7, dtype=F64)
     a = trajectory(FedAvg(0.1, 0.3, 0.01, bounding="norm"), Quadratic(centers, 0.2, seed=1), x0, 20, 5)
@@ -130,7 +130,7 @@ def test_fedavg_without_memory_and_noise_is_dpsgd_with_smoothed_normalization():
 def test_dp_fed_normec_noise_scales_with_p():
     algo = FedNormEC(0.1, 0.01, 0.01, p=0.25, private=True)
     algo.setup(torch.zeros(3), 20, 300, Privacy(), 0)
-    assert algo.noise_std == pytest.approx(1.8366, abs=1e-4)       # p σ_mult on Δ_i (spec §4.3)
+    assert algo.noise_std == pytest.approx(1.8366, abs=1e-4)       # p σ_mult on Δ_i (reading A1)
     assert algo.noise_multiplier == pytest.approx(1.8366, abs=1e-4)
     avg = FedAvg(0.1, 0.01, 0.01, bounding="norm", private=True)
     avg.setup(torch.zeros(3), 20, 300, Privacy(), 0)

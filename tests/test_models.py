@@ -1,16 +1,16 @@
-"""The papers' models have the parameter counts the spec derives, and run on their datasets' shapes."""
+"""The papers' models have the parameter counts their architectures give, and run on their datasets' shapes."""
 
 import pytest
 import torch
 
 from normfl import models
 
-CASES = [  # (builder, kwargs, input shape, d from the spec)
-    (models.resnet20, {}, (3, 32, 32), 269_722),                          # normec.md §1.2
+CASES = [  # (builder, kwargs, input shape, d: the parameter count of the papers' model)
+    (models.resnet20, {}, (3, 32, 32), 269_722),                          # NORMEC §6, App. I.1 (Idelbayev's)
     (models.resnet20, {"norm": "group"}, (3, 32, 32), 269_722),
-    (models.mlp, {"hidden": [300, 300]}, (1, 28, 28), 328_810),           # alidpfl_normfedavg.md B.7
+    (models.mlp, {"hidden": [300, 300]}, (1, 28, 28), 328_810),           # NFA Sec. 6: hidden layers of 300 / 600
     (models.mlp, {"hidden": [600, 600]}, (3, 32, 32), 2_210_410),
-    (models.cnn, {}, (1, 28, 28), 582_026),                               # A.10
+    (models.cnn, {}, (1, 28, 28), 582_026),                               # ALI: the authors' CNN (reading C-A6)
     (models.cnn, {}, (3, 32, 32), 878_538),
     (models.logreg, {}, (1, 28, 28), 7_850),
 ]

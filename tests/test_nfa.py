@@ -78,7 +78,7 @@ D_FMNIST = 328_810
 def test_dp_normfedavg_per_round_parameters_come_from_theorem_1():
     algo = nfa(mechanism="qtdl", s=4096, cohort_size=25)
     algo.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=10), seed=0)
-    assert (algo.mech.m, algo.bits_per_coord) == (413, 14)                             # spec B.8, Table 4
+    assert (algo.mech.m, algo.bits_per_coord) == (413, 14)                             # NFA Table 4, Theorem 1
     assert algo.mech.alpha == pytest.approx(10 / (2 * D_FMNIST + 0.1 * 4096 * math.sqrt(D_FMNIST)))
     assert algo.spent(1)["eps_composed"] == pytest.approx(10.0)                        # one message
     assert algo.spent(500)["eps_composed"] == pytest.approx(5000.0)                    # basic composition wins
@@ -101,7 +101,8 @@ def test_aggregate_level_noise_is_one_draw_with_sensitivity_over_r():
     server = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], mechanism="qtdl", s=2 ** 29, scope="all_rounds",
                         sensitivity="worst_case", noise_at="server", cohort_size=25)
     server.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=0.1, delta=1e-9), seed=0)
-    assert server.mech.sensitivity.linf == pytest.approx(2 * 2 ** 29 / 25) and server.bits_per_coord == 31   # spec B.8
+    # NFA App. G(iii): Δ∞ = 2s/25 (reading C-N6); s = 2^29 gives 31 bits there (reading C-N4)
+    assert server.mech.sensitivity.linf == pytest.approx(2 * 2 ** 29 / 25) and server.bits_per_coord == 31
     b = torch.randn(50, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     small = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], local_steps=1, mechanism="qtdl", s=8, noise_at="server",
                        cohort_size=5)
@@ -156,7 +157,7 @@ def test_theorem_conditions_are_refused_at_setup():
 def test_binomial_baseline_uses_cpsgd_trials_and_eq7_bits():
     algo = nfa(mechanism="binomial", s=4096, cohort_size=25)
     algo.setup(torch.zeros(D_FMNIST), 50, 500, Privacy(epsilon=10, delta=3e-6), seed=0)
-    assert (algo.mech.trials, algo.bits_per_coord) == (2_843_701, 23)                  # spec B.8, Table 4
+    assert (algo.mech.trials, algo.bits_per_coord) == (2_843_701, 23)                  # NFA Table 4; reading C-N7
     assert algo.noise_std == pytest.approx(math.sqrt(2_843_701 / 4) / 4096)
     assert algo.privacy_report(1)["per_message"] == {"epsilon": 10, "delta": 3e-6, "delta_exact": None}
 

@@ -75,7 +75,7 @@ def test_privacy_builds_the_gaussian_it_calibrates():
 
 
 def test_paper_noise_multiplier_matches_spec_table():
-    # spec normec.md §4.3, ε = 8, δ = 1e-5
+    # reading A1 (σ_mult and its options; docs/privacy-table.md), ε = 8, δ = 1e-5
     pn = Privacy(epsilon=8, delta=1e-5)
     assert pn.noise_multiplier(300) == pytest.approx(7.3462, abs=1e-4)
     assert pn.noise_multiplier(300, p=0.25) == pytest.approx(1.8366, abs=1e-4)

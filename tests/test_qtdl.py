@@ -1,4 +1,4 @@
-"""QTDL and the cpSGD Binomial baseline (NFA Alg. 1, Theorem 1, Lemma 1, eq. 6/7, Theorem 2; spec B.2-B.8)."""
+"""QTDL and the cpSGD Binomial baseline (NFA Alg. 1, Theorem 1, Lemma 1, eq. 6/7, Theorem 2; readings C-N7, C-N15)."""
 
 import itertools
 import math
@@ -132,7 +132,7 @@ def test_theorem1_delta_claim_2_to_minus_d(d, linf, l1, eps):
 
 
 def test_true_delta_of_the_paper_settings_is_vacuous():
-    sens = heuristic_sensitivity(CIFAR_D, 2**20, 0.1)             # B.8 row 1: per-round (10, 2^-d) claimed
+    sens = heuristic_sensitivity(CIFAR_D, 2**20, 0.1)             # NFA Table 2, s = 2^20: per-round (10, 2^-d) claimed
     alpha, m = qtdl_parameters(10.0, sens)
     assert tdl_delta(m, alpha, sens, CIFAR_D) > 1 - 1e-12
     assert tdl_delta(m, alpha, Sensitivity(l1=sens.linf, linf=sens.linf, l2=0), CIFAR_D) > 0.49   # even one coordinate
@@ -204,7 +204,7 @@ def test_centered_binomial_large_counts():
     assert torch.all(odd.abs() <= 3.5) and torch.all((odd * 2) % 2 == 1)     # N odd: half-integers
 
 
-# ------------------------------------------------------------------------------------------------ B.8 table
+# ----------------------------------------------------------------------------------- NFA Tables 2 and 4 (t rows)
 
 
 @pytest.mark.parametrize("d,s,l1,linf,alpha,m,t", [
@@ -226,7 +226,7 @@ def test_b8_qtdl_parameters(d, s, l1, linf, alpha, m, t):
 @pytest.mark.parametrize("d,s,trials,t", [(CIFAR_D, 2**20, 12_106_543_048, 35), (FMNIST_D, 2**12, 2_843_701, 23)])
 def test_b8_binomial_trials(d, s, trials, t):
     sens = heuristic_sensitivity(d, s, 0.1)
-    assert binomial_trials(10.0, 3e-6, d, sens) == trials                     # exact, as in the spec table
+    assert binomial_trials(10.0, 3e-6, d, sens) == trials                     # exact (reading C-N7)
     assert bits_per_coordinate(s, trials) == t and Binomial(s, trials).bits == t
 
 

@@ -1,4 +1,4 @@
-"""What one round is (spec A2): ``reading=text`` (one communication step) or ``reading=pass`` (one pass over
+"""What one round is (reading A2): ``reading=text`` (one communication step) or ``reading=pass`` (one pass over
 each client's shard in minibatches). A pass run is the text run of as many steps, recorded once a pass."""
 
 import numpy as np

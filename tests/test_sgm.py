@@ -1,4 +1,5 @@
-"""ALI-DPFL's per-client DP-SGD accountant (spec A.7): the SGM RDP bound, the R_c table, dp-accounting cross-checks."""
+"""ALI-DPFL's per-client DP-SGD accountant (ALI Sec. V; reading C-A9): the SGM RDP bound, the R_c table,
+dp-accounting cross-checks."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from normfl.privacy.sgm import (
 Q, SIGMA, DELTA = 0.015, 1.1, 1e-5
 BUDGETS = (1.55, 1.65, 1.75, 1.85, 2, 2.25, 2.5, 2.75, 3.25, 3.75)
 PAPER_COUNTS = (79, 122, 177, 231, 317, 457, 598, 775, 1123, 1585)          # ALI Sec. VI-B
-BISECT_ROW = (79, 122, 177, 231, 317, 457, 598, 775, 1123, 1538)            # spec A.7 table
+BISECT_ROW = (79, 122, 177, 231, 317, 457, 598, 775, 1123, 1538)            # reading C-A9: bisection
 EXACT_ROW = (78, 118, 174, 230, 314, 454, 596, 770, 1119, 1537)
 SPENT_ROW = (1.5504, 1.6569, 1.7551, 1.8515, 2.005, 2.255, 2.5024, 2.7562, 3.2554, 3.8063)
 
@@ -53,7 +54,7 @@ def test_rc_table_of_spec_a7():
     assert [iterations_supported(e, Q, SIGMA, DELTA, "bisect_tol") for e in BUDGETS] == list(BISECT_ROW)
     assert [iterations_supported(e, Q, SIGMA, DELTA, "exact") for e in BUDGETS] == list(EXACT_ROW)
     assert sum(a == b for a, b in zip(BISECT_ROW, PAPER_COUNTS, strict=True)) == 9       # only 3.75 -> 1538 != 1585
-    assert iterations_supported(2, 0.0125, SIGMA, DELTA, "exact") == 496                  # spec A.7: FMNIST's q
+    assert iterations_supported(2, 0.0125, SIGMA, DELTA, "exact") == 496                  # reading C-A8: FMNIST's q
     spent = [paper_epsilon(n, Q, SIGMA, DELTA) for n in PAPER_COUNTS]
     np.testing.assert_allclose(spent, SPENT_ROW, atol=5e-5)
     # the bisection's orders {2..63} U {128, 256, 512} give the same epsilon as {2..64} in this range

@@ -1,4 +1,4 @@
-"""Tests of the ALI-DPFL τ* selection (normfl/algorithms/tau.py; spec A.4-A.6, A.9, C-A1..C-A5, C-A13)."""
+"""Tests of the ALI-DPFL τ* selection (normfl/algorithms/tau.py; ALI Sec. III-D, IV; readings C-A1 to C-A5, C-A13)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_noise_constant():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# G (eq. 13) and T(τ) (C-A2)
+# G (eq. 13) and T(τ) (reading C-A2)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -195,7 +195,7 @@ def test_selector_matches_brute_force_with_R_c_cap_and_remaining_mode():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Search range, running λ/ω, infeasibility (Sec. IV-B, C-A1, C-A13)
+# Search range, running λ/ω, infeasibility (ALI Sec. IV-B; readings C-A1, C-A13)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -279,7 +279,7 @@ def test_weighted_estimates_accepts_torch_tensors():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# closed_form_code [external]
+# closed_form_code: the authors' later public code, not the paper (reading C-A1)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
