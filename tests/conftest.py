@@ -1,11 +1,14 @@
 """Shared fixtures: the offline copies of the real datasets, and one data root per test session."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Runs a test finishes through the reproduction driver are recorded apart from the committed records
+os.environ.setdefault("NORMFL_RECORDS", tempfile.mkdtemp(prefix="normfl-test-records-"))
 OFFLINE = Path(os.environ.get("NORMFL_OFFLINE_DATA", REPO.parent / "shared" / "data"))
 
 

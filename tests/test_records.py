@@ -20,7 +20,8 @@ BUDGET_PER_RUN, BUDGET_TOTAL = 20_000, 8_000_000          # bytes: the repositor
 
 
 def test_the_committed_records_are_small_and_true_to_their_keys():
-    recs = [d for d in records.RECORDS.glob("*") if d.is_dir()] if records.RECORDS.is_dir() else []
+    committed = jobs.ROOT / "outputs" / "records"
+    recs = [d for d in committed.glob("*") if d.is_dir()] if committed.is_dir() else []
     sizes = [sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) for d in recs]
     assert sum(sizes) <= BUDGET_TOTAL and (not recs or sum(sizes) / len(recs) <= BUDGET_PER_RUN)
     for d in recs:

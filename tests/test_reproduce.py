@@ -134,9 +134,11 @@ def test_run_missing_trains_only_what_is_missing_and_records_failures(tmp_path, 
     assert json.loads((tmp_path / "bad" / "summary.json").read_text())["status"] == "failed"
     assert "algo.gamma" in (tmp_path / "bad" / "stdout.txt").read_text()       # the refusal is kept
     (tmp_path / "k1" / "summary.json").unlink()               # as if killed before it finished
+    first = len(logs)
     counts = store.run_missing([*good, bad], tmp_path, log=logs.append)
     assert counts == {"completed": 1}                          # k0 reused, bad not retried, k1 re-run
-    assert "2 already stored, 1 to run" in logs[-2]
+    assert "2 already stored, 1 to run" in logs[first]
+    assert "record refused" in logs[-1]                        # a folder named k1 is not its config's key
 
 
 def test_run_missing_stacks_runs_that_share_model_and_data(tmp_path, data_root, monkeypatch):

@@ -86,8 +86,11 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
         for job, st in pool.map(one, todo):
             log(f"  {st:11s} {time.time() - t0:7.0f} s  {job.key}")
             if st in store.FINISHED:
-                log(f"              record {records.pack(job.dir(store_dir))}")
-                done.append(job)
+                try:
+                    log(f"              record {records.pack(job.dir(store_dir))}")
+                    done.append(job)
+                except records.RecordError as err:
+                    log(f"              record {err}")
             elif st == "stopped":
                 stopped.append(job)
     if not done and not (checkpoints and stopped):

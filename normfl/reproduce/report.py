@@ -9,8 +9,9 @@ from normfl.reproduce.figures import fmt
 
 HEADER = """# Reproduction status
 
-Written by `make report` from the runs stored in `outputs/store` (not in git); the figures and
-tables are in `docs/reproduction/<profile>/`, written by `make <id>` or `make figures`. Every number
+Written by `make report` from the committed run records (`outputs/records`) and, for a run without
+one, the working store (`outputs/store`, not in git); the figures and tables are in
+`docs/reproduction/<profile>/`, written by `make <id>` or `make figures`. Every number
 is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
 
 - **paper**: the papers' settings, read as `docs/readings.md` says where they leave a choice. NORMEC

@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from normfl import checkpoint
+from normfl.reproduce import records
 from normfl.reproduce.jobs import ROOT, Job
 from normfl.results import FINISHED
 
@@ -100,6 +101,11 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
                 (d / "summary.json").write_text(json.dumps({"status": "failed", "error": _tail(d / "stdout.txt")}))
                 st = "failed"
             log(f"  {st:9s} {time.time() - t0:7.1f} s  {d.name}  {' '.join(job.overrides)}")
+            if st in FINISHED:                            # the committed results store gains it (records.py)
+                try:
+                    log(f"            record {records.pack(d)}")
+                except records.RecordError as err:
+                    log(f"            record {err}")
             states.append(st)
         return states
 
