@@ -379,18 +379,22 @@ def compare(target, profile: str, store_dir: Path):
     return df, table, comp, fig
 
 
-def draw(target, profile: str, store_dir: Path) -> list[Path]:
-    """Write the ID's table (.md, .csv) and figure (.png, .pdf); nothing when no run is stored."""
+def draw(target, profile: str, store_dir: Path, out: Path = OUT, images: bool = True) -> list[Path]:
+    """Write the ID's table (.md, .csv) and, with ``images``, its figure (.png, .pdf) into ``out/<profile>/``;
+    nothing when no run is stored. What an earlier draw left there goes first, so the folder holds what the
+    runs give and nothing else."""
+    base = Path(out) / profile / target.slug
+    for old in base.parent.glob(f"{target.slug}.*"):       # no stale table or figure
+        old.unlink()
     df, table, comp, fig = compare(target, profile, store_dir)
     if table is None:
         return []
-    base = OUT / profile / target.slug
-    for old in base.parent.glob(f"{target.slug}.*"):       # no stale figure from an earlier layout
-        old.unlink()
     title = f"{target.id}: {target.title}"
     note = caption(df, profile)
     csv, md = table if isinstance(table, tuple) else (table, table)   # a kind may lay out the .md differently
-    out = _write_table(csv, md, base, title, note)
-    if fig is not None:
-        out += _save(fig, base, title, note)
-    return out
+    written = _write_table(csv, md, base, title, note)
+    if fig is not None and images:
+        written += _save(fig, base, title, note)
+    elif fig is not None:
+        plt.close(fig)
+    return written

@@ -1,0 +1,75 @@
+"""The report is a pure function of the committed records: REPRODUCTION.md and the tables of
+docs/reproduction/<profile>/ come out of `outputs/records` exactly as committed (figures are compared by
+their tables, the data they draw), and a record or a table changed by hand shows."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import pytest
+
+from normfl.reproduce import figures, jobs, records, report, targets
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "outputs" / "records"
+TABLES = (".md", ".csv")
+
+
+def tables(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for profile in jobs.PROFILES
+            for p in sorted((root / profile).glob("*")) if p.suffix in TABLES}
+
+
+def redraw(out: Path, store: Path, ids=None) -> None:
+    for t in ids or targets.TARGETS.values():
+        for profile in jobs.PROFILES:
+            if jobs.has_profile(t.grid, profile):
+                figures.draw(t, profile, store, out=out, images=False)
+
+
+@pytest.fixture
+def committed(monkeypatch):
+    monkeypatch.setattr(records, "RECORDS", COMMITTED)           # the tests' own records are elsewhere
+
+
+def test_report_and_tables_are_what_the_records_give(committed, tmp_path):
+    empty = tmp_path / "no-store"                                # a fresh clone has no working store
+    report.write(empty, tmp_path / "REPRODUCTION.md")
+    assert (tmp_path / "REPRODUCTION.md").read_text() == (REPO / "REPRODUCTION.md").read_text()
+    redraw(tmp_path / "docs", empty)
+    assert tables(tmp_path / "docs") == tables(REPO / "docs" / "reproduction")
+    for profile in jobs.PROFILES:                                # no figure outlives its table
+        folder = REPO / "docs" / "reproduction" / profile
+        assert {p.stem for p in folder.glob("*.png")} <= {p.stem for p in folder.glob("*.csv")}
+
+
+def test_a_record_changed_by_hand_changes_the_report(monkeypatch, tmp_path):
+    if not any(COMMITTED.glob("*/summary.json")):
+        pytest.skip("no committed record yet")
+    changed = tmp_path / "records"
+    shutil.copytree(COMMITTED, changed)
+    rec = next(changed.glob("*/summary.json")).parent
+    summary = json.loads((rec / "summary.json").read_text())
+    rows = lzma.decompress((rec / "metrics.csv.xz").read_bytes()).decode().splitlines()
+    header = rows[0].split(",")
+    for i in range(len(rows) - 5, len(rows)):                    # the last evaluations, 1 point worse
+        cells = rows[i].split(",")
+        acc = header.index("test_acc")
+        if cells[acc]:
+            cells[acc] = f"{float(cells[acc]) - 0.01:.9g}"
+        rows[i] = ",".join(cells)
+    (rec / "metrics.csv.xz").write_bytes(lzma.compress(("\n".join(rows) + "\n").encode()))
+    summary["last5_mean_test_acc"] -= 0.01
+    summary["final_test_acc"] -= 0.01
+    (rec / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    monkeypatch.setattr(records, "RECORDS", changed)
+    ids = [t for t in targets.TARGETS.values() if any(j.key == rec.name for p in jobs.PROFILES
+                                                       if jobs.has_profile(t.grid, p) for j in jobs.jobs(t.grid, p))]
+    assert ids
+    redraw(tmp_path / "docs", tmp_path / "no-store", ids)
+    ours = tables(tmp_path / "docs")
+    theirs = {k: v for k, v in tables(REPO / "docs" / "reproduction").items() if k in ours}
+    assert ours.keys() == theirs.keys() and ours != theirs
