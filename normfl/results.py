@@ -12,6 +12,7 @@ import logging
 import math
 import numbers
 import os
+import threading
 from pathlib import Path
 
 COLUMNS = ("round", "steps", "train_loss", "full_train_loss", "test_loss", "test_acc", "eps_rdp", "eps_pld",
@@ -36,7 +37,9 @@ def strict(value):
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write ``path`` whole or not at all; writers racing on one path (a sweep's jobs on its jobs.csv) each
+    write their own temporary file, and the last rename wins."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
