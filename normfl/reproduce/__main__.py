@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from normfl.config import config_key
 from normfl.errors import ConfigError
-from normfl.reproduce import jobs, store
+from normfl.reproduce import jobs, records, store
 
 STORE_ENV = "NORMFL_STORE"      # where the run store is; default outputs/store under the working directory
 
@@ -81,8 +81,6 @@ def main(argv=None) -> None:
     if args.command == "adopt":
         return adopt(args.names, args.profile, args.store)
     if args.command == "record":
-        from normfl.reproduce import records
-
         for d in sorted(p.parent for p in args.store.glob("*/summary.json")):
             if store.status(d) in store.FINISHED:
                 print(f"  {records.pack(d):6s} {d.name}")
@@ -116,7 +114,7 @@ def main(argv=None) -> None:
             print(f"{t.id} ({args.profile}):")
             if args.dry_run:
                 for j in job_list:
-                    print(f"  {store.status(j.dir(args.store)):9s} {j.key}  {j.command()}")
+                    print(f"  {store.status(records.locate(j.key, args.store)):9s} {j.key}  {j.command()}")
                 continue
             if args.launcher:
                 launch(t, args)

@@ -14,11 +14,9 @@ holds them and, with ``--checkpoints``, each unfinished run's checkpoint and con
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 import re
 import signal
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -44,11 +42,9 @@ def train(job: Job, store_dir: Path, deadline: float, threads: int) -> str:
     checkpoint and stops); its status: completed, diverged, failed or stopped."""
     d = job.dir(store_dir)
     d.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "train.py"), *job.overrides, f"hydra.run.dir={d}", f"threads={threads}",
-           "progress=false"]
     stopped = False
     with open(d / "stdout.txt", "a") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(store.command(job, d, threads), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=max(0.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
@@ -63,16 +59,10 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
         checkpoints: bool = False, out: Path | None = None, log=print) -> Path | None:
     """Train the jobs not yet recorded or finished, within ``budget_s`` seconds; pack the finished ones into
     records and write the archive (None when nothing finished or stopped)."""
-    from normfl.run.rundir import holder
-
     t0 = time.time()
     deadline = t0 + budget_s * (1 - GRACE)
-    todo = [j for j in job_list if not (records.RECORDS / j.key / "summary.json").is_file()
-            and store.status(j.dir(store_dir)) not in store.FINISHED]
-    for job in [j for j in todo if holder(j.dir(store_dir))]:      # a live run elsewhere: left to it
-        log(f"campaign: {job.key} is held by another live process ({holder(job.dir(store_dir))}); left to it")
-        todo.remove(job)
-    threads = threads or max(1, (os.cpu_count() or 1) // parallel)
+    todo = store.pending(job_list, store_dir, log=log)
+    threads = store.threads_each(parallel, threads)
     log(f"campaign: {len(todo)} of {len(job_list)} runs to train within {budget_s / 60:.1f} min, in this order:")
     for i, job in enumerate(todo, 1):
         resume = " (continues its checkpoint)" if (job.dir(store_dir) / "checkpoint.pt").exists() else ""

@@ -39,6 +39,33 @@ def default_stack() -> int:
     return 16 if torch.cuda.is_available() else 1
 
 
+def pending(job_list: list[Job], store: Path, skip=FINISHED, log=print) -> list[Job]:
+    """The jobs still to train: not recorded (``records``), not in ``skip`` in the store, and not held by
+    another live process (whose run is left to it, never cleared)."""
+    from normfl.run.rundir import holder
+
+    todo = []
+    for job in job_list:
+        if status(records.locate(job.key, store)) in skip:
+            continue
+        if held := holder(job.dir(store)):
+            log(f"  running  {job.key}: held by another live process ({held}); left to it")
+        else:
+            todo.append(job)
+    return todo
+
+
+def command(job: Job, run_dir: Path, threads: int) -> list[str]:
+    """The ``train.py`` command that trains one job into ``run_dir`` (continuing its checkpoint if it has one)."""
+    return [sys.executable, str(ROOT / "train.py"), *job.overrides, f"hydra.run.dir={run_dir}", f"threads={threads}",
+            "progress=false"]
+
+
+def threads_each(parallel: int, threads: int | None = None) -> int:
+    """Torch threads per process: as given, else the cores shared among ``parallel`` processes."""
+    return threads or max(1, (os.cpu_count() or 1) // parallel)
+
+
 def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: int | None = None,
                 retry_failed: bool = False, log=print, stack: int = 1) -> dict[str, int]:
     """Train every job whose run is not finished, ``parallel`` processes at a time; returns status counts.
@@ -50,18 +77,9 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
     cleared and run again if it has none.
     """
     from normfl.run import shared_key
-    from normfl.run.rundir import holder
 
-    skip = FINISHED if retry_failed else (*FINISHED, "failed")
-    todo = []
-    for job in job_list:
-        if status(job.dir(store)) in skip:
-            continue
-        if held := holder(job.dir(store)):                       # a live run elsewhere: never cleared
-            log(f"  running  {job.key}: held by another live process ({held}); left to it")
-        else:
-            todo.append(job)
-    threads = threads or max(1, (os.cpu_count() or 1) // parallel)
+    todo = pending(job_list, store, FINISHED if retry_failed else (*FINISHED, "failed"), log)
+    threads = threads_each(parallel, threads)
     groups: dict[str, list[Job]] = {}
     for job in todo:                       # a job without its config (made by hand) trains alone
         groups.setdefault(shared_key(job.cfg) if job.cfg is not None and stack > 1 else job.key, []).append(job)
@@ -80,8 +98,7 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
     def train(unit: list[Job]) -> list[str]:
         dirs = [prepare(job) for job in unit]
         if len(unit) == 1:
-            cmd = [sys.executable, str(ROOT / "train.py"), *unit[0].overrides, f"hydra.run.dir={dirs[0][0]}",
-                   f"threads={threads}", "progress=false"]
+            cmd = command(unit[0], dirs[0][0], threads)
         else:
             for job, (d, _) in zip(unit, dirs, strict=True):
                 (d / ".hydra").mkdir(exist_ok=True)
