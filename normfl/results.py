@@ -108,6 +108,12 @@ def finished(out_dir: Path, key: str) -> dict | None:
     return summary if summary.get("config_key") == key and summary.get("status") in FINISHED else None
 
 
+def shown(path) -> str:
+    """A path as a user would type it: relative to the working directory when it is under it."""
+    rel = os.path.relpath(path)
+    return str(path) if rel.startswith("..") else rel
+
+
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "?"
@@ -120,8 +126,7 @@ def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> s
     """The one line that ends a run: status, final and best test accuracy, target and certified ε, where, how long."""
     from normfl.privacy import certified
 
-    status, where = summary.get("status", "failed"), os.path.relpath(out_dir)
-    where = str(out_dir) if where.startswith("..") else where
+    status, where = summary.get("status", "failed"), shown(out_dir)
     if status not in FINISHED:
         return f"normfl: {status}: {summary.get('error')}; traceback in {Path(where) / log_name}"
 

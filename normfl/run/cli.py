@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normfl import checkpoint
 from normfl.config import config_key
-from normfl.results import FINISHED, closing_line, record_failure, write_atomic
+from normfl.results import FINISHED, closing_line, record_failure, shown, write_atomic
 from normfl.run.training import INPUT_ERRORS, run
 
 log = logging.getLogger("normfl")
@@ -94,12 +94,6 @@ def interpreter() -> str:
     if on_path and os.path.realpath(on_path) == os.path.realpath(sys.executable):
         return "python"
     return shown(sys.executable)
-
-
-def shown(path) -> str:
-    """A path as a user would type it: relative to the working directory when it is under it."""
-    rel = os.path.relpath(path)
-    return str(path) if rel.startswith("..") else rel
 
 
 def note(sweep_dir, num, overrides: list[str], status: str, out_dir=None) -> None:
