@@ -72,10 +72,6 @@ def _side_by_side(trainings: list[Training]) -> None:
                         record_failure(t.out_dir, t.out_dir.name, result, t.key)
                     else:
                         t.record(*result)
-                if ctrl_c.requested:                     # each run saves where it stands, then all stop
-                    for t in trainings:
-                        if t.active:
-                            t.save()
-                    raise KeyboardInterrupt
+                ctrl_c.stop_if_asked(trainings)
     finally:
         lockstep.close()

@@ -227,9 +227,7 @@ def run(cfg: DictConfig, out_dir: Path, **kw) -> dict:
         with Interrupts() as ctrl_c:
             while t.active:
                 t.record(*t.algo.round(t.step, t.x, t.clients))
-                if ctrl_c.requested and t.active:
-                    t.save()
-                    raise KeyboardInterrupt
+                ctrl_c.stop_if_asked([t])
         return t.finish()
     finally:
         t.rundir.release()
@@ -251,6 +249,15 @@ class Interrupts:
             raise KeyboardInterrupt
         self.requested = True
         print("\nnormfl: stopping after this step to save a checkpoint (Ctrl-C again stops at once)", file=sys.stderr)
+
+    def stop_if_asked(self, trainings: list[Training]) -> None:
+        """After a step: if Ctrl-C came while runs are still going, each saves a checkpoint, and all stop (runs
+        that have just ended finish as usual)."""
+        going = [t for t in trainings if t.active]
+        if self.requested and going:
+            for t in going:
+                t.save()
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc) -> None:
         if self.previous is not None:
