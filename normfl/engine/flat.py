@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,6 +11,16 @@ from torch import nn
 from normfl.errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "bf16")     # full fp32 | fp32 with CUDA's TF32 matmuls and convolutions | bf16 autocast
+
+
+def device_name(device: torch.device) -> str:
+    """The hardware behind ``device``: the GPU's name, or the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def set_numerics(precision: str, deterministic: bool) -> None:

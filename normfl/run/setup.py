@@ -6,7 +6,6 @@ import inspect
 import json
 import logging
 import os
-import platform
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from normfl.config import ConfigError, resolve_clients, validate_data
 from normfl.data import ClientData, Preprocess, client_test_split
 from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
-from normfl.engine.flat import set_numerics
+from normfl.engine.flat import device_name, set_numerics
 from normfl.privacy import Privacy
 
 log = logging.getLogger(__name__)
@@ -29,8 +28,8 @@ def _kind(node: DictConfig) -> str:
 
 
 def build_data(cfg: DictConfig):
-    """The dataset (with its label) and the client partition, as the config says."""
-    resolve_clients(cfg)                     # partition=natural: clients from the data (a no-op once resolved)
+    """The dataset (with its label) and the client partition, as the config says (``clients`` resolved:
+    ``build``)."""
     extra = ("augment", "train_limit", "test_limit", "scale")
     ds_cfg = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k not in extra}
     try:
@@ -105,7 +104,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     set_numerics(cfg.precision, deterministic)
     device = pick_device(cfg.device.name)
-    resolve_clients(cfg)                     # partition=natural: clients from the data (a no-op once resolved)
+    resolve_clients(cfg)                     # partition=natural: clients from the data (start did it; bench.py not)
     algo = build_algo(cfg.algo)              # before the data: a setting the algorithm lacks is bad input
     cache = {} if cache is None else cache
     key = shared_key(cfg, ("dataset", "partition", "clients", "seed", "device", "data_root", "offline_data"))
@@ -200,6 +199,5 @@ def engine_options(flat: FlatModel, ds) -> tuple[str, ...]:
 
 def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
     """What the faster backend depends on: model, size, hardware, clients, batch, precision, torch, threads."""
-    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return "|".join(map(str, (_kind(cfg.model), dim, device, hw, cfg.clients, cfg.batch_size,
+    return "|".join(map(str, (_kind(cfg.model), dim, device, device_name(device), cfg.clients, cfg.batch_size,
                               cfg.oracle, cfg.precision, torch.__version__, torch.get_num_threads())))

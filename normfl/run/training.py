@@ -23,7 +23,7 @@ import normfl
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, resolve_clients, validate
 from normfl.data import label_histogram
-from normfl.engine.flat import numerics
+from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
 from normfl.results import Recorder, finished
@@ -286,15 +286,7 @@ def where(device: torch.device) -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    return {"device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(), "versions": versions,
-            "commit": commit()}
-
-
-def cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
+    return {"device_name": device_name(device), "versions": versions, "commit": commit()}
 
 
 @functools.cache
