@@ -58,7 +58,7 @@ def curve(run_dir: Path) -> pd.DataFrame:
     """A finished run's metrics, from a run directory or a record (read once per process: figures and the
     report share runs; callers must not modify the frame)."""
     plain = Path(run_dir) / "metrics.csv"
-    return pd.read_csv(plain if plain.is_file() else plain.with_suffix(".csv.xz"))
+    return pd.read_csv(plain if plain.is_file() else Path(run_dir) / records.METRICS)
 
 
 def caption(df: pd.DataFrame, profile: str) -> str:

@@ -30,6 +30,8 @@ from normfl.results import FINISHED
 RECORDS = Path(os.environ.get("NORMFL_RECORDS") or ROOT / "outputs" / "records")   # the tests keep theirs apart
 FILES = ("config.yaml", "summary.json", "metrics.csv.xz")
 METRICS = "metrics.csv.xz"
+PLACE_AND_TIME = ("wall_time_s", "seconds_per_round", "peak_rss_mb", "threads", "backend", "device", "device_name",
+                  "data_source", "versions", "commit", "adopted_from", "adopted_key")   # differ between two makings
 
 
 class RecordError(ConfigError):
@@ -83,10 +85,6 @@ def differences(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
     sa, sb = (json.loads(x["summary.json"]) for x in (a, b))
     fields = [k for k in sorted(set(sa) | set(sb)) if k not in PLACE_AND_TIME and sa.get(k) != sb.get(k)]
     return out + [f"summary.json: {', '.join(fields)}"] * bool(fields)
-
-
-PLACE_AND_TIME = ("wall_time_s", "seconds_per_round", "peak_rss_mb", "threads", "backend", "device", "device_name",
-                  "data_source", "versions", "commit", "adopted_from", "adopted_key")
 
 
 def _table(name: str, data: bytes):
