@@ -98,12 +98,16 @@ def main(argv=None) -> None:
     if args.command == "campaign":
         from normfl.reproduce import campaign
 
-        job_list = list({j.key: j for t in chosen for j in jobs.jobs(t.grid, args.profile)}.values())
+        job_list = list({j.key: j for t in chosen for j in jobs.jobs(t.grid, args.profile)
+                         if args.match is None or args.match in j.command()}.values())
         try:
             budget = campaign.seconds(args.budget)
         except ValueError as err:
             raise ConfigError("--budget", args.budget, "a duration such as 90s, 25m or 2h") from err
-        path = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints, args.archive)
+        path = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints, args.archive,
+                            dry_run=args.dry_run)
+        if args.dry_run:
+            return None
         print(f"archive: {path}" if path else "archive: none (no run finished or stopped)")
         return None
     if args.command == "run":

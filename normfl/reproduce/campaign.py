@@ -56,9 +56,9 @@ def train(job: Job, store_dir: Path, deadline: float, threads: int) -> str:
 
 
 def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1, threads: int | None = None,
-        checkpoints: bool = False, out: Path | None = None, log=print) -> Path | None:
+        checkpoints: bool = False, out: Path | None = None, log=print, dry_run: bool = False) -> Path | None:
     """Train the jobs not yet recorded or finished, within ``budget_s`` seconds; pack the finished ones into
-    records and write the archive (None when nothing finished or stopped)."""
+    records and write the archive (None when nothing finished or stopped). ``dry_run`` lists them only."""
     t0 = time.time()
     deadline = t0 + budget_s * (1 - GRACE)
     todo = store.pending(job_list, store_dir, log=log)
@@ -67,6 +67,8 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
     for i, job in enumerate(todo, 1):
         resume = " (continues its checkpoint)" if (job.dir(store_dir) / "checkpoint.pt").exists() else ""
         log(f"  {i:3d}. {job.key}  {job.command()}{resume}")
+    if dry_run:
+        return None
 
     def one(job: Job) -> tuple[Job, str]:
         return job, ("not started" if time.time() >= deadline else train(job, store_dir, deadline, threads))
