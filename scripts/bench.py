@@ -302,7 +302,7 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
             timed("dense floor+bf16", dense_bf16, clients.log)
         timed("paper-style", paper, clients.log)
         setup.flat.precision = cfg.precision                 # evaluation in the run's own precision
-        timed("eval", setup.flat.evaluate, x, setup.x_test, setup.ds.y_test, setup.prep)
+        timed("eval", setup.flat.evaluate, x, setup.x_test, setup.y_test)
     med = {label: statistics.median(v[1:]) for label, v in times.items()}   # the first round warms up
     return [{"setting": name, "what": title, "variant": label, "seconds": s, "vs_floor": s / med["floor"],
              "vs_dense": s / med["dense floor"], "threads": torch.get_num_threads(), "device": str(setup.device)}

@@ -312,3 +312,45 @@ def test_bf16_autocast_gradients_are_close_and_stay_fp32(builder, in_shape):
         grads[precision] = G[0]
     rel = torch.linalg.vector_norm(grads["bf16"] - grads["fp32"]) / torch.linalg.vector_norm(grads["fp32"])
     assert 0 < rel.item() < 0.15
+
+
+def test_one_device_gather_a_step_equals_each_client_augmented_alone():
+    """The batches of a step come from one table of host draws and one gather, crop, flip and normalisation
+    of every client at once: the same values as cutting, augmenting (with the client's own generator) and
+    normalising each client's batch alone, the way each client's stream defines them."""
+    from normfl.data import augment_crop_flip, normalize
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 256, (60, 3, 8, 8), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, 10, (60,), generator=g)
+    parts = [np.arange(0, 20), np.arange(20, 40), np.arange(40, 60)]
+    mean, std = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+    d = ClientData(x, y, parts, 5, 11, Preprocess(mean, std, CPU), augment=True)
+    rngs = [np.random.default_rng([11, 1, i]) for i in range(3)]
+    orders = [r.permutation(20) for r in rngs]
+    gens = [torch.Generator().manual_seed(11 * 7919 + i) for i in range(3)]
+    for step in range(5):                                   # past the end of a pass: a reshuffle
+        got = d.next_batches()
+        for i in range(3):
+            if step == 4:
+                orders[i] = rngs[i].permutation(20)
+            idx = torch.as_tensor(parts[i][orders[i][(step % 4) * 5:(step % 4) * 5 + 5]])
+            want = normalize(augment_crop_flip(x[idx], gens[i]), mean, std)
+            assert torch.equal(got[i][0][0], want) and torch.equal(got[i][0][1], y[idx])
+    assert d.batches.made == 5
+
+
+def test_runs_that_share_data_and_seed_share_one_batch_a_step():
+    """Two runs built on one prepared dataset (one ``Batches``) with one seed draw the same table each step,
+    so the second gets the first one's batch instead of gathering and augmenting again; another seed does not."""
+    from normfl.data.clients import Batches
+
+    x = torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8)
+    y = torch.zeros(40, dtype=torch.long)
+    parts = [np.arange(0, 20), np.arange(20, 40)]
+    shared = Batches(x, y, Preprocess((0.5,) * 3, (0.5,) * 3, CPU))
+    runs = [ClientData(x, y, parts, 4, seed, shared.prep, augment=True, batches=shared) for seed in (0, 0, 1)]
+    for step in range(3):
+        a, b, c = (r.next_batches() for r in runs)
+        assert a[0][0][0].data_ptr() == b[0][0][0].data_ptr() and not torch.equal(a[0][0][0], c[0][0][0])
+    assert shared.made == 6                                  # seed 0 once a step, seed 1 once a step

@@ -1,33 +1,71 @@
 """Each client's shard and its batch stream: what a client computes on, round after round.
 
 ``ClientData`` owns the sampling: every client draws its batches from its own seeded stream, made the
-first time it computes, so a run's batches depend only on (seed, client, how often it computed).
-``Preprocess`` turns a batch of stored samples into model input on the run's device.
+first time it computes, so a run's batches depend only on (seed, client, how often it computed). The
+draws are made on the host and are small (each client's sample indices and augmentation offsets); the
+samples live on the run's device, where ``Batches`` turns one table of draws into one step's batches of
+every client with a few batched tensor operations.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import threading
 
 import numpy as np
 import torch
 
-from normfl.data.transforms import augment_crop_flip, normalize
+from normfl.data.transforms import crop_flip, draw_crop_flip, normalize
 
 ORACLES = ("minibatch", "full")
 
 
 class Preprocess:
-    """uint8 (or float) batch -> normalised float batch on the device, with optional crop+flip
-    (``scale``: transforms.SCALES)."""
+    """Stored samples (uint8 or float) -> normalised float model input on the device (``scale``:
+    transforms.SCALES); the samples are moved first, so the arithmetic runs where they will be used."""
 
     def __init__(self, mean, std, device: torch.device, scale: str = "unit"):
         self.mean, self.std, self.device, self.scale = tuple(mean), tuple(std), device, scale
 
-    def __call__(self, xb: torch.Tensor, augment_gen: torch.Generator | None = None) -> torch.Tensor:
-        if augment_gen is not None:       # on raw pixels, so padding is black as in Idelbayev's pipeline
-            xb = augment_crop_flip(xb, augment_gen)
-        return normalize(xb, self.mean, self.std, self.scale).to(self.device, non_blocking=True)
+    def __call__(self, xb: torch.Tensor) -> torch.Tensor:
+        return normalize(xb.to(self.device, non_blocking=True), self.mean, self.std, self.scale)
+
+
+class Batches:
+    """The device half of batch making: a table of draws (sample indices, and crop and flip offsets when
+    augmenting) goes to the device in one copy; gather, crop, flip and normalisation are batched tensor
+    operations there. ``x``, ``y``: the samples on the device (raw when augmenting: the crop pads with black
+    pixels, as torchvision does). Runs made from one prepared dataset share one ``Batches``, and a table seen
+    among the last few is answered with the batch already made: runs side by side with one seed draw the
+    same tables, so they share one batch a step."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, prep: Preprocess, keep: int = 4):
+        self.x, self.y, self.prep = x.to(prep.device), y.to(prep.device), prep
+        self.recent: collections.OrderedDict = collections.OrderedDict()
+        self.keep, self.lock, self.made = keep, threading.Lock(), 0
+
+    def __call__(self, idx: np.ndarray, draws: torch.Tensor | None = None, share: bool = True):
+        """(inputs, labels) of the samples ``idx`` (host int64), cropped and flipped by ``draws`` (``[3, len
+        (idx)]`` host rows of ``draw_crop_flip``) when given."""
+        table = torch.from_numpy(np.asarray(idx, dtype=np.int64))[None]
+        if draws is not None:
+            table = torch.cat([table, draws])
+        key = table.numpy().tobytes() if share else None
+        with self.lock:
+            if key is not None and key in self.recent:
+                self.recent.move_to_end(key)
+                return self.recent[key]
+            t = table.to(self.x.device, non_blocking=True)
+            xb, yb = self.x.index_select(0, t[0]), self.y.index_select(0, t[0])
+            if draws is not None:
+                xb = crop_flip(xb, t[1:])
+            out, self.made = (self.prep(xb), yb), self.made + 1
+            if key is not None:
+                self.recent[key] = out
+                if len(self.recent) > self.keep:
+                    self.recent.popitem(last=False)
+            return out
 
 
 class ClientData:
@@ -40,8 +78,11 @@ class ClientData:
     """
 
     def __init__(self, x, y, parts, batch_size, seed, prep: Preprocess, augment: bool,
-                 oracle: str = "minibatch", chunk: int = 1000):
-        self.x, self.y, self.parts, self.prep = x, y, [torch.as_tensor(p) for p in parts], prep
+                 oracle: str = "minibatch", chunk: int = 1000, batches: Batches | None = None):
+        self.batches = batches or Batches(x, y, prep)
+        self.x, self.y, self.prep = self.batches.x, self.batches.y, prep
+        self.parts = [torch.as_tensor(p) for p in parts]
+        self._index = [p.numpy() for p in self.parts]           # the same, for the host's index arithmetic
         self.batch = [min(batch_size, len(p)) for p in parts]
         self.oracle, self.chunk, self.seed, self.augment = oracle, chunk, seed, augment
         self.streams: dict[int, list] = {}    # client -> [rng, order, pos, aug], made when first used
@@ -75,35 +116,45 @@ class ClientData:
             self.streams[i] = [rng, rng.permutation(len(self.parts[i])), 0, aug]
         return self.streams[i]
 
-    def _piece(self, idx, weight: float = 1.0, aug: torch.Generator | None = None):
-        """(inputs, labels, weight) of the samples ``idx``; index_select gathers rows twice as fast as x[idx]."""
-        xb, yb = (t.index_select(0, idx.to(t.device)) for t in (self.x, self.y))
-        return self.prep(xb, aug), yb.to(self.prep.device), weight
-
-    def _minibatch(self, i: int):
+    def _take(self, i: int) -> tuple[np.ndarray, torch.Tensor | None]:
+        """Client i's next minibatch draws on the host: its sample indices and, when augmenting, its crop and
+        flip offsets (``[3, b]``)."""
         b, st = self.batch[i], self._stream(i)
         if st[2] + b > len(st[1]):
             st[1], st[2] = st[0].permutation(len(self.parts[i])), 0
-        idx = self.parts[i][st[1][st[2]:st[2] + b]]
+        idx = self._index[i][st[1][st[2]:st[2] + b]]
         st[2] += b
-        return self._piece(idx, 1.0, st[3])
+        return idx, (draw_crop_flip(b, st[3]) if st[3] is not None else None)
+
+    def _pieces(self, idx: list[np.ndarray], draws=None, weights=None, share: bool = True) -> list:
+        """One (x, y, weight) piece per index array, from one device gather of them all."""
+        sizes = [len(i) for i in idx]
+        xb, yb = self.batches(np.concatenate(idx) if idx else np.zeros(0, np.int64),
+                              torch.cat(draws, 1) if draws else None, share)
+        weights = [1.0] * len(idx) if weights is None else weights
+        return list(zip(xb.split(sizes), yb.split(sizes), weights, strict=True))
 
     def next_batches(self, ids=None) -> list[list[tuple[torch.Tensor, torch.Tensor, float]]]:
         """Per client (all, or those in ``ids``), the list of (x, y, weight) pieces whose weighted
         gradients sum to its oracle. Only these clients' batch streams advance."""
         ids = self._ids(ids)
         if self.oracle == "minibatch":
-            return [[self._minibatch(i)] for i in ids]
+            idx, draws = zip(*(self._take(i) for i in ids)) if ids else ((), ())
+            return [[piece] for piece in self._pieces(list(idx), list(draws) if self.augment and ids else None)]
         if "full" not in self._fixed:          # deterministic: prepared once, reused every round
-            self._fixed["full"] = [[self._piece(c, len(c) / len(p)) for c in torch.split(p, self.chunk)]
-                                   for p in self.parts]
+            chunks = [np.array_split(p, range(self.chunk, len(p), self.chunk)) for p in self._index]
+            flat = self._pieces([c for cs in chunks for c in cs], weights=[len(c) / len(p) for p, cs in
+                                zip(self._index, chunks, strict=True) for c in cs], share=False)
+            it = iter(flat)
+            self._fixed["full"] = [[next(it) for _ in cs] for cs in chunks]
         return [self._fixed["full"][i] for i in ids]
 
     def poisson_batches(self, rate: float, ids=None) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
         """Per client (all, or those in ``ids``), one Poisson sample of its shard: every sample is taken
         independently with probability ``rate`` (DP-SGD's sampling), so sizes vary and can be 0."""
-        return [self._piece(self.parts[i][torch.from_numpy(self._stream(i)[0].random(len(self.parts[i])) < rate)])
-                for i in self._ids(ids)]
+        ids = self._ids(ids)
+        return self._pieces([self._index[i][self._stream(i)[0].random(len(self._index[i])) < rate] for i in ids],
+                            share=False)
 
     def _ids(self, ids) -> list[int]:
         return list(range(len(self))) if ids is None else [int(i) for i in ids]
@@ -130,6 +181,9 @@ class ClientData:
         n_i = sizes.pop()
         key = ("cyclic", batch_size)
         if key not in self._fixed:
-            self._fixed[key] = [[[self._piece(p[s:s + batch_size], len(p[s:s + batch_size]) / n_i)]
-                                 for p in self.parts] for s in range(0, n_i, batch_size)]
+            starts = range(0, n_i, batch_size)
+            flat = iter(self._pieces([p[s:s + batch_size] for s in starts for p in self._index],
+                                     weights=[min(batch_size, n_i - s) / n_i for s in starts for _ in self._index],
+                                     share=False))
+            self._fixed[key] = [[[next(flat)] for _ in self._index] for _ in starts]
         return self._fixed[key]

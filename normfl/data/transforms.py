@@ -40,27 +40,41 @@ def normalize(x: torch.Tensor, mean: Sequence[float] = (), std: Sequence[float] 
     return (out - m) / s
 
 
-def augment_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
-    """RandomCrop(H×W, padding, zero fill) + RandomHorizontalFlip(0.5), per sample, for a [B,C,H,W] batch.
+def draw_crop_flip(b: int, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """The random part of RandomCrop(padding) + RandomHorizontalFlip(0.5) for b samples, on the generator's
+    device: ``[3, b]`` int64 rows (top offsets, left offsets, flips), three draws in that order."""
+    top = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=generator.device)
+    left = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=generator.device)
+    flip = torch.rand(b, generator=generator, device=generator.device) < 0.5
+    return torch.stack([top, left, flip.long()])
 
-    All randomness comes from `generator` (three draws: top offsets, left offsets, flips). Zero fill
-    means zero in x's own units: apply it to uint8 / [0, 1] images before `normalize` to pad with
-    black pixels as torchvision does, or after it to pad with the mean colour.
-    """
+
+def crop_flip(x: torch.Tensor, draws: torch.Tensor, padding: int = 4) -> torch.Tensor:
+    """Each sample of a [B,C,H,W] batch cropped and flipped as ``draws`` (``draw_crop_flip``) say, with zero
+    fill: batched gathers on x's device, no per-sample loop.
+
+    Zero fill means zero in x's own units: apply it to uint8 / [0, 1] images before `normalize` to pad with
+    black pixels as torchvision does, or after it to pad with the mean colour."""
     if x.ndim != 4:
         raise ValueError(f"x must be [B, C, H, W], got shape {tuple(x.shape)}")
     if padding < 0:
         raise ValueError(f"padding={padding} must be >= 0")
     b, c, h, w = x.shape
-    gdev, dev = generator.device, x.device
-    top = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gdev).to(dev)
-    left = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gdev).to(dev)
-    flip = (torch.rand(b, generator=generator, device=gdev) < 0.5).to(dev)
+    dev = x.device
+    top, left, flip = draws.to(dev)
     if padding:
         x = F.pad(x, (padding, padding, padding, padding))
     rows = top[:, None] + torch.arange(h, device=dev)  # [B, H]
     cols_ = torch.arange(w, device=dev)
-    cols = left[:, None] + torch.where(flip[:, None], w - 1 - cols_, cols_)  # [B, W]
+    cols = left[:, None] + torch.where(flip[:, None].bool(), w - 1 - cols_, cols_)  # [B, W]
     bi = torch.arange(b, device=dev).view(b, 1, 1, 1)
     ci = torch.arange(c, device=dev).view(1, c, 1, 1)
     return x[bi, ci, rows.view(b, 1, h, 1), cols.view(b, 1, 1, w)]
+
+
+def augment_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """RandomCrop(H×W, padding, zero fill) + RandomHorizontalFlip(0.5), per sample, for a [B,C,H,W] batch:
+    ``crop_flip`` with ``draw_crop_flip``'s three draws from ``generator``."""
+    if x.ndim != 4:
+        raise ValueError(f"x must be [B, C, H, W], got shape {tuple(x.shape)}")
+    return crop_flip(x, draw_crop_flip(len(x), generator, padding), padding)

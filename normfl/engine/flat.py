@@ -102,8 +102,9 @@ class FlatModel:
             b.copy_(buffers[n])
 
     @torch.no_grad()
-    def evaluate(self, x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, prep, batch: int | None = None):
-        """(mean cross-entropy, accuracy) of x on a dataset, in eval mode.
+    def evaluate(self, x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, prep=None, batch: int | None = None):
+        """(mean cross-entropy, accuracy) of x on a dataset (model input, or stored samples that ``prep`` turns
+        into model input), in eval mode.
 
         Default batch: 100 on a CPU, where it stays in cache (ResNet20 on the CIFAR-10 test set, one
         thread: 4.1 s against 8.8 s at batch 1000, same accuracy); 1000 on an accelerator. The sums stay
@@ -114,7 +115,8 @@ class FlatModel:
         loss = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.int64, device=self.device)
         for s in range(0, len(ys), batch):
-            xb, yb = prep(xs[s:s + batch]), ys[s:s + batch].to(self.device)
+            xb, yb = xs[s:s + batch], ys[s:s + batch].to(self.device)
+            xb = xb if prep is None else prep(xb)
             out = self.forward(xb)
             loss += F.cross_entropy(out, yb, reduction="sum")
             correct += (out.argmax(1) == yb).sum()

@@ -94,12 +94,12 @@ class Training:
         checkpoint.save(self.out_dir, self.key, checkpoint.snapshot(self, time.perf_counter() - self.t_start))
 
     def evaluate(self, row: dict, at: torch.Tensor, releases: int) -> None:
-        s, x_test, y_test = self.setup, self.setup.x_test, self.setup.ds.y_test
+        s, x_test, y_test = self.setup, self.setup.x_test, self.setup.y_test
         if self.cfg.get("eval_subset"):                      # a fresh random part of the test set each time
             x_test, y_test = eval_subset(x_test, y_test, self.cfg.eval_subset, self.cfg.seed, row["round"])
-        row["test_loss"], row["test_acc"] = s.flat.evaluate(at, x_test, y_test, s.prep)
+        row["test_loss"], row["test_acc"] = s.flat.evaluate(at, x_test, y_test)
         if self.cfg.eval_train:
-            row["full_train_loss"], _ = s.flat.evaluate(at, self.clients.data.x, s.ds.y_train, s.prep)
+            row["full_train_loss"], _ = s.flat.evaluate(at, self.clients.data.x, self.clients.data.y, s.prep)
         if self.algo.private:
             row.update(self.algo.spent(releases))
 
@@ -270,8 +270,8 @@ def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, ro
     system/utils/data_utils.py lines 112-115, called with q=0.2 at system/flcore/servers/serverdpfl.py
     line 167); their loader also drops the last partial batch of 64, which is not copied here."""
     idx = torch.randperm(len(y), generator=round_generator(seed, EVALUATION, round_, "cpu"))
-    idx = idx[:max(1, int(fraction * len(y)))].sort().values
-    return x[idx.to(x.device)], y[idx]
+    idx = idx[:max(1, int(fraction * len(y)))].sort().values.to(x.device)
+    return x[idx], y[idx]
 
 
 def where(device: torch.device) -> dict:
