@@ -24,7 +24,7 @@ def snapshot(run, wall_time_s: float) -> dict:
     return {"x": run.x, "sent": run.sent, "rows": run.rec.rows, "algo": run.algo.state_dict(),
             "data": run.clients.data.state_dict(), "buffers": run.setup.flat.buffers(),
             "backend": run.clients.engine.backend, "wall_time_s": wall_time_s,
-            "step": run.step, "losses": run.losses, "uploads": run.uploads}
+            "step": run.step, "losses": [float(v) for v in run.losses], "uploads": run.uploads}
 
 
 def restore(run, state: dict) -> None:

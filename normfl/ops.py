@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from normfl.syncs import host_side
+
 # -- random streams: (seed, stream, round) -> a generator; one stream per use, never shared ------------------
 NOISE = 0            # privacy noise (and NFA's quantizer)
 PARTICIPATION = 1    # who takes part in a round
@@ -149,9 +151,28 @@ class Participation:
             return cohort_weights(self.n, self.size, self.seed, k, device)
         return bernoulli_weights(self.n, self.p, self.seed, k, device)
 
-    def cohort(self, k: int, device=None) -> torch.Tensor:
-        """The sorted ids of round k's cohort (``cohort`` only)."""
-        return cohort(self.n, self.size, self.seed, k, device)
+    def cohort(self, k: int) -> torch.Tensor:
+        """The sorted ids of round k's cohort (``cohort`` only), drawn on the host."""
+        with host_side():
+            return cohort(self.n, self.size, self.seed, k)
+
+    def draw(self, k: int, device) -> Draw:
+        """Round k's participants, drawn on the host (a CPU generator, so CPU and GPU runs draw alike and
+        the host knows whose batches to draw without waiting for the device); q then goes to ``device``."""
+        with host_side():
+            q = self.weights(k)
+            ids = participants(q)
+            return Draw(q.to(device), ids, len(q) if ids is None else len(ids))
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Who takes part in a round: the weights ``q`` (``[n]``, on the run's device), the participants' ids on
+    the host (None: every client) and their ``count``."""
+
+    q: torch.Tensor
+    ids: torch.Tensor | None
+    count: int
 
 
 def participants(q: torch.Tensor) -> torch.Tensor | None:

@@ -90,7 +90,7 @@ class DPFL(Algorithm):
         if self.selector is not None and self.used < self.R_c:
             self.tau_next = self._select(W, x_new, last, before, clients, k + 1)     # 17-19
         done = self.used >= self.R_c if self.adaptive else self.R_c - self.used < self.tau
-        return x_new, {"loss": float(self.weights @ loss), "uploads": self.num_clients, "tau": tau,
+        return x_new, {"loss": self.weights @ loss, "uploads": self.num_clients, "tau": tau,
                        "steps_total": self.used, "done": done}
 
     def _select(self, W, x_new, last, before, clients: Clients, rounds_done: int) -> int:

@@ -27,7 +27,7 @@ class DPSGDNorm(GaussianAlgorithm):
         G, loss = clients.grads(x)                            # ∇f_i(x^k), all n clients (B = n)
         psi = self.bounding(G)                                # Ψ(∇f_i(x^k)) = β Norm_α(∇f_i(x^k))
         agg = self.privatize(psi.mean(0), k)                  # (1/B) Σ Ψ + z^k
-        return server_step(x, agg, self.gamma, False), {"loss": loss.mean().item(), "uploads": len(G)}
+        return server_step(x, agg, self.gamma, False), {"loss": loss.mean(), "uploads": len(G)}
 
     def noise_target(self):
         return (f"the mean (1/n) Σ_i β Norm_α(∇f_i(x^k)) of the n = {self.num_clients} clients' terms, each of norm "

@@ -35,7 +35,7 @@ class EF21(GaussianAlgorithm):
         sent = self.privatize(delta, k)                      # 7/8: Δ̂_i = Δ_i (+ z_i if private)
         self.ghat += self.weight * sent.mean(0)              # 10: ĝ^{k+1} = ĝ^k + (β/n) Σ Δ̂_i
         x = server_step(x, self.ghat, self.gamma, self.server_norm)   # 11: x^{k+1} = x^k - γ ĝ(/||ĝ||)
-        return x, {"loss": loss.mean().item(), "uploads": len(G)}
+        return x, {"loss": loss.mean(), "uploads": len(G)}
 
     def memory_gap(self) -> float:
         return torch.linalg.vector_norm(self.ghat - self.g.mean(0)).item()

@@ -14,15 +14,15 @@ import torch
 from normfl.algorithms.base import Clients, GaussianAlgorithm
 from normfl.algorithms.local import pseudo_gradient
 from normfl.algorithms.memory import ClientMemory
-from normfl.ops import Bounding, Participation, participants, server_step, weighted_mean
+from normfl.ops import Bounding, Participation, server_step, weighted_mean
 
 BOUNDINGS = ("norm", "clip", "none")          # FedAvg's choices of Ψ (``norm`` is β Norm_α there)
 MEMORY_UPDATES = ("all", "participants_only")
 
 
-def mean_loss(loss: torch.Tensor) -> float | None:
-    """The mean client loss of a round; None when no client computed (an empty Bernoulli draw)."""
-    return loss.mean().item() if len(loss) else None
+def mean_loss(loss: torch.Tensor) -> torch.Tensor | None:
+    """The mean client loss of a round, on the device; None when no client computed (an empty Bernoulli draw)."""
+    return loss.mean() if len(loss) else None
 
 
 class _Federated(GaussianAlgorithm):
@@ -63,8 +63,8 @@ class FedNormEC(_Federated):
         self.vhat = torch.zeros_like(x0)                                        # v̂^0 = mean v_i^0
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
-        q = self.sampling.weights(k, x.device)                    # 7: q_i = 1/p w.p. p, else 0
-        ids = None if self.memory_update == "all" else participants(q)
+        draw = self.sampling.draw(k, x.device)               # 7: q_i = 1/p w.p. p, else 0
+        q, ids = draw.q, None if self.memory_update == "all" else draw.ids
         U, loss = self.pseudo_gradient(x, clients, ids)      # 4: T_i(x^k); U_i = (x^k - T_i(x^k))/γ
         v = self.v[ids]                                      # the memories read once, written once
         delta = self.bounding(U - v)                         # 5: Δ_i = Norm_α(U_i - v_i)
@@ -72,7 +72,7 @@ class FedNormEC(_Federated):
         sent = self.privatize(delta, k)                      # 8/9: Δ̂_i = q_i (Δ_i + z_i)
         self.vhat += self.beta * weighted_mean(q, sent, ids)   # 11: v̂^{k+1} = v̂^k + (β/M) Σ Δ̂_i
         x = server_step(x, self.vhat, self.eta, self.server_norm)   # 12: x - η v̂ (/||v̂|| with SN)
-        return x, {"loss": mean_loss(loss), "uploads": int((q > 0).sum())}
+        return x, {"loss": mean_loss(loss), "uploads": draw.count}
 
     def memory_gap(self) -> float:
         return torch.linalg.vector_norm(self.vhat - self.v.mean()).item()
@@ -98,8 +98,8 @@ class FedAvg(_Federated):
         self.bounding = Bounding({"norm": "scaled_norm"}.get(bounding, bounding), self.beta, self.alpha)
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
-        q = self.sampling.weights(k, x.device)
-        ids = participants(q)                                # only participants compute
+        draw = self.sampling.draw(k, x.device)
+        q, ids = draw.q, draw.ids                            # only participants compute
         U, loss = self.pseudo_gradient(x, clients, ids)
         bounded = self.bounding(self.gamma * U if self.literal_psi else U)
         if self.noise_by == "client":                        # each participant: Ψ(U_i) + ζ_i
@@ -108,7 +108,7 @@ class FedAvg(_Federated):
             total = self.p * self.num_clients
             agg = self.privatize(weighted_mean(q, bounded, ids) * total, k) / total
         x = server_step(x, agg, self.eta, self.server_norm)
-        return x, {"loss": mean_loss(loss), "uploads": int((q > 0).sum())}
+        return x, {"loss": mean_loss(loss), "uploads": draw.count}
 
     def noise_target(self):
         u = "γ U_i" if self.literal_psi else "U_i"

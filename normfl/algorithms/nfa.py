@@ -129,12 +129,12 @@ class NormFedAvg(Algorithm):
         return u if self.upload == "update" else u.clamp(-1.0, 1.0)   # |u_i| <= 1 exactly, whatever the rounding
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
-        ids = self.sampling.cohort(k, x.device)                                        # 3: S_k
+        ids = self.sampling.cohort(k)                                                  # 3: S_k (host ids)
         W, loss = local_sgd(x, clients, ids, lr=self.eta(k), **self.local)             # 5-8: w_{k,E}^(i)
         u = self.psi(x - W)                                                            # 9: Ψ(w_k - w_{k,E})
         g = u.mean(0) if self.mech is None else self.mech.mean(u, round_generator(self.seed, NOISE, k, x.device))
         x = server_step(x, g, self.step(k))                                            # 9, 11: (1/r) Σ M(.)
-        return x, {"loss": loss.mean().item(), "uploads": len(ids)}
+        return x, {"loss": loss.mean(), "uploads": len(ids)}
 
     # -- privacy report ------------------------------------------------------------------------
     def noise_target(self):

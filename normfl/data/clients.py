@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from normfl.data.transforms import crop_flip, draw_crop_flip, normalize
+from normfl.syncs import host_side
 
 ORACLES = ("minibatch", "full")
 
@@ -48,10 +49,11 @@ class Batches:
     def __call__(self, idx: np.ndarray, draws: torch.Tensor | None = None, share: bool = True):
         """(inputs, labels) of the samples ``idx`` (host int64), cropped and flipped by ``draws`` (``[3, len
         (idx)]`` host rows of ``draw_crop_flip``) when given."""
-        table = torch.from_numpy(np.asarray(idx, dtype=np.int64))[None]
-        if draws is not None:
-            table = torch.cat([table, draws])
-        key = table.numpy().tobytes() if share else None
+        with host_side():
+            table = torch.from_numpy(np.asarray(idx, dtype=np.int64))[None]
+            if draws is not None:
+                table = torch.cat([table, draws])
+            key = table.numpy().tobytes() if share else None
         with self.lock:
             if key is not None and key in self.recent:
                 self.recent.move_to_end(key)
@@ -157,7 +159,9 @@ class ClientData:
                             share=False)
 
     def _ids(self, ids) -> list[int]:
-        return list(range(len(self))) if ids is None else [int(i) for i in ids]
+        """The clients asked for, as host ints (``ids`` are host ids: ``ops.Participation.draw``)."""
+        with host_side():
+            return list(range(len(self))) if ids is None else [int(i) for i in ids]
 
     def peek(self, ids=None):
         """The batches the next ``next_batches(ids)`` will return, without consuming them."""

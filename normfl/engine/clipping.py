@@ -73,15 +73,13 @@ def clipped_by_norms(flat, x, xb, yb, clip: float, layers):
 def sq_norms(t: torch.Tensor, lead: int = 1) -> torch.Tensor:
     """Squared norms of ``t`` over all but its first ``lead`` axes, as float64. One float32 reduction
     pass (squaring a float64 copy cost a third of a DP-SGD step); entries whose float32 sum of squares
-    overflows are redone in float64, where the square of any float32 fits. Squares below float32's range
-    (a norm under about 1e-19) read as 0, which leaves such a sample unclipped, as its exact norm does
-    for any usable clip."""
+    overflows take the norm of the rows scaled by 2^-64 instead (chosen on the device, without a host read:
+    any float32 entry's square fits then). Squares below float32's range (a norm under about 1e-19) read as
+    0, which leaves such a sample unclipped, as its exact norm does for any usable clip."""
     flat = t.flatten(lead)
     sq = torch.linalg.vector_norm(flat, dim=-1).double().pow(2)
-    bad = ~torch.isfinite(sq)
-    if bad.any():
-        sq[bad] = flat[bad].double().pow(2).sum(-1)
-    return sq
+    scaled = torch.linalg.vector_norm(flat * 2.0**-64, dim=-1).double().pow(2) * 2.0**128
+    return torch.where(torch.isfinite(sq), sq, scaled)
 
 
 def clip_factors(sq: torch.Tensor, clip: float) -> torch.Tensor:

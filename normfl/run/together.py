@@ -67,6 +67,8 @@ def _side_by_side(trainings: list[Training]) -> None:
                     if isinstance(result, BaseException):
                         if not isinstance(result, Exception):
                             raise result                 # KeyboardInterrupt, SystemExit: stop everything
+                        if not t.read():                 # it had diverged rounds ago, unread: recorded so
+                            continue
                         t.status, t.active, t.error = "failed", False, repr(result)
                         t.bar.close()
                         record_failure(t.out_dir, t.out_dir.name, result, t.key)

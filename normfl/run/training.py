@@ -27,6 +27,7 @@ from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
 from normfl.results import Recorder, finished
+from normfl.syncs import reading
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build
 
@@ -62,7 +63,8 @@ class Training:
             self.sent = 0
         self.k = self.rec.rows[-1]["round"]
         self.step = self.rec.rows[-1].get("steps", self.k)          # checkpoints from before the column: k
-        self.losses, self.uploads = [], 0                            # of the round's steps so far
+        self.losses, self.uploads, self.finite = [], 0, []          # of the round's steps so far (on the device)
+        self.unread: list[tuple[dict, torch.Tensor]] = []           # rows whose losses and flags are not read yet
         if state and "step" in state:                                # saved part-way through a round (Ctrl-C)
             self.step, self.losses, self.uploads = state["step"], list(state["losses"]), state["uploads"]
         self.status, self.t0 = "completed", time.perf_counter() - self.rec.rows[-1]["wall_time"]
@@ -90,8 +92,12 @@ class Training:
                     self.algo.privacy.delta, target, why)
 
     def save(self) -> None:
-        """A checkpoint of the run as it stands after its last step."""
-        checkpoint.save(self.out_dir, self.key, checkpoint.snapshot(self, time.perf_counter() - self.t_start))
+        """A checkpoint of the run as it stands after its last step (none if reading its rows shows that it
+        diverged: it ends there)."""
+        if self.read():
+            with reading():
+                state = checkpoint.snapshot(self, time.perf_counter() - self.t_start)
+            checkpoint.save(self.out_dir, self.key, state)
 
     def evaluate(self, row: dict, at: torch.Tensor, releases: int) -> None:
         s, x_test, y_test = self.setup, self.setup.x_test, self.setup.y_test
@@ -104,46 +110,77 @@ class Training:
             row.update(self.algo.spent(releases))
 
     def record(self, x: torch.Tensor, info: dict) -> None:
-        """A step's outcome: x after it and the algorithm's info; at the end of a round evaluates, records
-        and checkpoints."""
+        """A step's outcome: x after it and the algorithm's info (its loss a tensor on the device, or None when
+        no client computed). At the end of a round its row is made; at an evaluation, a checkpoint and the last
+        round the rows made since the last read are read from the device (``read``), so the host never waits
+        for the device between them."""
         cfg, k, self.x, self.step = self.cfg, self.k, x, self.step + 1
         self.sent += info["uploads"]
         self.uploads += info["uploads"]
-        if info["loss"] is not None:                         # None: no client computed this step
+        finite = torch.isfinite(x).all()                    # a model or loss that is not finite: diverged
+        if info["loss"] is not None:
             self.losses.append(info["loss"])
-        diverged = (info["loss"] is not None and not math.isfinite(info["loss"])) or not bool(torch.isfinite(x).all())
-        last = k + 1 == cfg.rounds or info.get("done", False)         # budget-limited algorithms stop early
-        if not diverged and self.step % self.setup.steps_per_round and not info.get("done", False):
+            finite = finite & torch.isfinite(torch.as_tensor(info["loss"], device=x.device))
+        self.finite.append(finite)
+        if self.step % self.setup.steps_per_round and not info.get("done", False):
             return                                           # the round (a pass) goes on
-        loss = sum(self.losses) / len(self.losses) if self.losses else None
-        row = {"round": k + 1, "steps": self.step, "train_loss": loss, "noise_std": self.algo.noise_std,
+        last = k + 1 == cfg.rounds or info.get("done", False)         # budget-limited algorithms stop early
+        row = {"round": k + 1, "steps": self.step, "train_loss": self.losses, "noise_std": self.algo.noise_std,
                "bits_per_coord": self.bits, "transmissions": self.uploads, "transmissions_total": self.sent,
                "bytes_uploaded": self.uploads * self.upload_bytes, "bytes_total": self.sent * self.upload_bytes,
                **{name: info[name] for name in ("tau", "steps_total") if name in info}}
-        self.losses, self.uploads = [], 0
-        if not diverged and ((k + 1) % cfg.eval_every == 0 or last):
-            self.evaluate(row, x, self.step)                 # a model whose loss is not finite diverged too
-            diverged = not all(math.isfinite(row[m]) for m in ("test_loss", "full_train_loss") if m in row)
-            if not diverged:
-                self.bar.set_postfix(loss=f"{loss:.3f}" if loss is not None else "-", acc=f"{row['test_acc']:.3f}")
-        if diverged:
+        self.unread.append((row, torch.stack(self.finite).all()))
+        self.losses, self.uploads, self.finite = [], 0, []
+        self.k, self.active = k + 1, not last
+        self.bar.update()
+        evaluate = (k + 1) % cfg.eval_every == 0 or last
+        if evaluate:
+            with reading():
+                self.evaluate(row, x, self.step)
+        row["wall_time"] = time.perf_counter() - self.t0
+        save = self.active and cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0
+        if not (evaluate or save or last) or not self.read():
+            return
+        if evaluate:
+            self.bar.set_postfix(loss=f"{row['train_loss']:.3f}" if row["train_loss"] is not None else "-",
+                                 acc=f"{row['test_acc']:.3f}")
+            self.rec.flush()
+        if save:
+            self.save()
+
+    def read(self) -> bool:
+        """Bring the rows made since the last read into the records, their losses and divergence flags read
+        from the device in one transfer (a row's train loss: the mean of its steps' losses). The first round
+        whose loss or model is not finite, or whose evaluation is not, ends the run as diverged: its row is
+        recorded with NaN test metrics and the rows after it are dropped. Returns whether the run is sound."""
+        if not self.unread:
+            return self.status != "diverged"
+        rows, flags = zip(*self.unread)
+        self.unread = []
+        pending = [v for r in rows for v in r["train_loss"] if isinstance(v, torch.Tensor)]
+        parts = [torch.stack(flags).double()] + ([torch.stack(pending).double().to(flags[0].device)] if pending else [])
+        with reading():
+            values = torch.cat(parts).tolist()
+        losses = iter(values[len(flags):])
+        for row, fine in zip(rows, values[:len(flags)], strict=True):
+            steps = [next(losses) if isinstance(v, torch.Tensor) else v for v in row["train_loss"]]
+            row["train_loss"] = sum(steps) / len(steps) if steps else None
+            evaluated = [row[m] for m in ("test_loss", "full_train_loss") if m in row]
+            if fine and all(math.isfinite(v) for v in evaluated):
+                self.rec.add(row)
+                continue
             row["test_loss"] = row["test_acc"] = math.nan
             row.pop("full_train_loss", None)
-        row["wall_time"] = time.perf_counter() - self.t0
-        self.rec.add(row)
-        self.k, self.active = k + 1, not (diverged or last)
-        self.bar.update()
-        if diverged:
-            self.status = "diverged"
-            log.warning("%s round %d: non-finite loss or model; run recorded as diverged", self.out_dir.name, k + 1)
-            return
-        if row.get("test_acc") is not None:
-            self.rec.flush()
-        if self.active and cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0:
-            self.save()
+            self.rec.add(row)
+            self.k, self.step, self.active, self.status = row["round"], row["steps"], False, "diverged"
+            log.warning("%s round %d: non-finite loss or model; run recorded as diverged", self.out_dir.name,
+                        row["round"])
+            return False
+        return True
 
     def finish(self) -> dict:
         """Write the final metrics, parameters and summary; the checkpoint goes."""
+        self.read()
         cfg, s, x = self.cfg, self.setup, self.x
         self.bar.close()
         self.rec.flush()
@@ -226,7 +263,11 @@ def run(cfg: DictConfig, out_dir: Path, **kw) -> dict:
     try:
         with Interrupts() as ctrl_c:
             while t.active:
-                t.record(*t.algo.round(t.step, t.x, t.clients))
+                try:
+                    t.record(*t.algo.round(t.step, t.x, t.clients))
+                except Exception:
+                    if t.read():                 # not a run that diverged rounds ago, unread: a failure
+                        raise
                 ctrl_c.stop_if_asked([t])
         return t.finish()
     finally:

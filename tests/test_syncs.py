@@ -1,0 +1,94 @@
+"""No host synchronisation inside a round: the calls that would make the host wait for a GPU (``item``,
+``tolist``, ``bool``/``float``/``int`` of a tensor, ``nonzero``, copies to the host), counted on the CPU
+across rounds between two evaluations, for every algorithm family (``normfl.syncs``)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from normfl.syncs import Counter, host_side, reading
+from normfl.run.training import start
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["dataset=fashion_mnist", "model=mlp", "dataset.train_limit=400", "dataset.test_limit=100", "clients=4",
+         "batch_size=8", "device=cpu", "progress=false", "checkpoint_every=0", "rounds=8", "eval_every=100"]
+FAMILIES = {
+    "normec (stacked)": ["algo=normec", "backend=stacked"],
+    "dp_normec (vmap)": ["algo=dp_normec", "backend=vmap"],
+    "dp_clip21 (sequential)": ["algo=dp_clip21", "backend=sequential"],
+    "dp_clip21 (full oracle, analytic)": ["algo=dp_clip21", "oracle=full", "backend=analytic"],
+    "dpsgd_norm": ["algo=dpsgd_norm", "algo.private=true"],
+    "dp_fed_normec, p = 0.5, local GD": ["algo=dp_fed_normec", "p=0.5", "algo.local_steps=2"],
+    "dp_fed_normec, participants only": ["algo=dp_fed_normec", "p=0.5", "algo.memory_update=participants_only"],
+    "dp_fed_normec, incremental gradient": ["algo=dp_fed_normec", "algo.local_operator=ig", "algo.ig_batch_size=50"],
+    "dp_fedavg, central noise, p = 0.5": ["algo=dp_fedavg", "p=0.5", "algo.noise_by=server"],
+    "dpfl (DP-SGD clients, fixed τ)": ["algo=dpfl", "algo.tau=2", "backend=stacked"],
+    "dp_normfedavg (QTDL)": ["experiment=nfa_t4_qtdl", "algo.cohort_size=2"],
+    "nfa_binomial": ["experiment=nfa_t4_bin", "algo.cohort_size=2"],
+    "reading=pass": ["algo=normec", "reading=pass", "rounds=1"],
+}
+
+
+def counted(overrides, tmp_path, data_root, rounds=3):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*SMALL, *overrides, f"data_root={data_root}"])
+    t = start(cfg, tmp_path / "run")
+    try:
+        t.record(*t.algo.round(t.step, t.x, t.clients))     # a first round: what is made on first use
+        with Counter() as syncs:
+            for _ in range(rounds):
+                if t.active:
+                    t.record(*t.algo.round(t.step, t.x, t.clients))
+        return syncs
+    finally:
+        t.rundir.release()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_host_sync_between_evaluations(family, tmp_path, data_root):
+    syncs = counted(FAMILIES[family], tmp_path, data_root)
+    assert syncs.count == 0, dict(syncs.where)
+
+
+def test_ali_dpfl_reads_only_its_estimates(tmp_path, data_root):
+    """ALI-DPFL chooses τ* (how many local steps the next round takes) on the host from the round's
+    estimates (ALI Alg. 2 lines 17-19): those reads, in its selector, are its only ones, once a round."""
+    syncs = counted(["algo=ali_dpfl"], tmp_path, data_root)
+    assert syncs.count > 0
+    assert all(" at algorithms/alidpfl.py:" in w or " at algorithms/tau.py:" in w for w in syncs.where), syncs.where
+
+
+def test_counter_sees_reads_and_leaves_host_work_and_readings_alone():
+    x = torch.arange(4.0)
+    with Counter() as c:
+        x.sum().item()
+        bool(x.any())
+        float(x[0])
+        x.nonzero()
+        x[x > 1]
+        x.cpu()
+        x.to("cpu")
+        x.to(x.device)                    # the run's own device: not a copy to the host
+        with host_side():
+            x.tolist()
+        with reading():
+            x.numpy()
+    assert sorted(w.split(" at ")[0] for w in c.where) == ["__bool__", "__float__", "__getitem__", "cpu", "item",
+                                                           "nonzero", "to"]
+
+
+def test_an_algorithm_that_reads_its_loss_is_caught(tmp_path, data_root, monkeypatch):
+    """The counter is not blind to a round: a loss read with ``.item()`` (what every algorithm did) shows."""
+    from normfl.algorithms import ef21
+
+    real = ef21.EF21.round
+
+    def reads(self, k, x, clients):
+        x, info = real(self, k, x, clients)
+        return x, {**info, "loss": info["loss"].item()}
+
+    monkeypatch.setattr(ef21.EF21, "round", reads)
+    syncs = counted(["algo=normec"], tmp_path, data_root)
+    assert syncs.count == 3 and all(w.startswith("item at ") for w in syncs.where)
