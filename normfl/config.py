@@ -22,6 +22,7 @@ from normfl.data.clients import ORACLES
 from normfl.data.sources import SPLITS, holdout_indices, npz_client_ids
 from normfl.data.transforms import SCALES
 from normfl.engine import BACKENDS, PRECISIONS
+from normfl.engine.capture import CAPTURES, capturable
 from normfl.engine.flat import pick_device
 from normfl.errors import ConfigError
 from normfl.ops import PARTICIPATIONS
@@ -122,6 +123,11 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "backend", BACKENDS, optional=False)
     _choice(cfg, "precision", PRECISIONS, optional=False)
     _choice(cfg, "deterministic", (True, False))
+    _choice(cfg, "capture", CAPTURES)
+    if _get(cfg, "capture") == "on":
+        why_not = capturable(pick_device(cfg.device.name), bool(cfg.get("deterministic", False)))
+        if why_not:
+            raise ConfigError("capture", "on", f"auto or off ({why_not})")
     _choice(cfg, "reading", READINGS)
     if _get(cfg, "reading") == "pass":
         if cfg.oracle != "minibatch":
@@ -317,7 +323,7 @@ def validate_data(cfg: DictConfig, parts) -> None:
 # What does not change what a run computes: left out of its key (the run store's folder names, and
 # the check that a checkpoint or a finished run in a folder belongs to the config asking for it).
 NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "data_root", "offline_data",
-              "save_params", "checkpoint_every", "resume", "deterministic")
+              "save_params", "checkpoint_every", "resume", "deterministic", "capture")
 
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
                 "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False}

@@ -4,7 +4,8 @@ A "stack" is a ``[clients, d]`` tensor (one flat vector per client). Norms are o
 per row (reading A15, docs/readings.md), never per layer. Four kinds of part, each used by every algorithm
 that needs it (the privatizers are in ``normfl.privacy.mechanisms``):
 
-- random streams: ``round_generator(seed, STREAM, round)``, one independent stream per use;
+- random streams: ``round_generator(seed, STREAM, round)``, one independent stream per use (a run's
+  own reseeded generators: ``Streams``);
 - Ψ, the bounding operator a client applies to what it uploads (``bounding``);
 - participation: who takes part in a round and with which weight (``Participation``);
 - server steps: plain, normalized (``server_step``) and model averaging (``average``).
@@ -27,10 +28,30 @@ DPSGD = 2            # ALI-DPFL's Poisson batches and DP-SGD noise
 EVALUATION = 3       # the test subset of ``eval_subset``
 
 
-def round_generator(seed: int, stream: int, round_: int, device) -> torch.Generator:
-    """A generator for one (seed, stream, round): independent streams for noise and participation."""
+def round_seed(seed: int, stream: int, round_: int) -> int:
+    """The seed of one (seed, stream, round): independent streams for noise and participation."""
     state = np.random.SeedSequence([seed, stream, round_]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator(device=device).manual_seed(int(state) & (2**63 - 1))
+    return int(state) & (2**63 - 1)
+
+
+def round_generator(seed: int, stream: int, round_: int, device) -> torch.Generator:
+    """A new generator for one (seed, stream, round)."""
+    return torch.Generator(device=device).manual_seed(round_seed(seed, stream, round_))
+
+
+class Streams:
+    """A run's generators: one per (stream, device), made once and reseeded for each round, so that its draws
+    depend only on (seed, stream, round), as ``round_generator``'s, while the generator itself stays the
+    same object (what a captured CUDA graph registers). One run's own: runs side by side must not share it."""
+
+    def __init__(self, seed: int):
+        self.seed, self.made = seed, {}
+
+    def __call__(self, stream: int, round_: int, device) -> torch.Generator:
+        device = torch.device(device)
+        if (stream, device) not in self.made:
+            self.made[stream, device] = torch.Generator(device=device)
+        return self.made[stream, device].manual_seed(round_seed(self.seed, stream, round_))
 
 
 # -- Ψ: bounding operators ---------------------------------------------------------------------------------
@@ -162,7 +183,7 @@ class Participation:
         with host_side():
             q = self.weights(k)
             ids = participants(q)
-            return Draw(q.to(device), ids, len(q) if ids is None else len(ids))
+            return Draw(q.to(device, non_blocking=True), ids, len(q) if ids is None else len(ids))
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ launches on a GPU, and what a captured graph must hold.
     python scripts/launches.py [--settings A B C D] [--backend stacked] [override ...]
 
 For each bench setting (``scripts/bench.py``) it builds the run as ``train.py`` would, takes one round to
-warm up, then profiles one round and counts the aten operations that do work: those with no aten
-operation inside them, less views and allocations, which launch nothing. Prints a table (operations a
+warm up, then profiles one round and counts the outermost aten operations that do work (those called from
+Python or the autograd engine, less views and allocations, which launch nothing): on a GPU, about one
+kernel launch each. Prints a table (operations a
 round and a step, and the busiest operations) and writes outputs/bench/launches.csv.
 """
 
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
 from hydra import compose, initialize_config_dir
 from torch.profiler import ProfilerActivity, profile
 
@@ -25,24 +25,36 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 from bench import SETTINGS  # noqa: E402
+
 from normfl.run import build  # noqa: E402
 
 # aten operations that only describe memory (views, shapes, allocations): no kernel runs for them
 NO_KERNEL = {"view", "reshape", "_reshape_alias", "as_strided", "expand", "expand_as", "select", "slice", "t",
-             "transpose", "unsqueeze", "squeeze", "permute", "detach", "alias", "empty", "empty_like", "empty_strided",
-             "split", "split_with_sizes", "unbind", "chunk", "narrow", "flatten", "unflatten", "view_as", "resolve_conj",
-             "resolve_neg", "lift_fresh", "_unsafe_view", "numpy_T", "unfold", "result_type", "size", "stride",
-             "is_nonzero", "lift", "_local_scalar_dense"}
+             "transpose", "unsqueeze", "squeeze", "permute", "detach", "alias", "empty", "empty_like",
+             "empty_strided", "split", "split_with_sizes", "unbind", "chunk", "narrow", "flatten", "unflatten",
+             "view_as", "resolve_conj", "resolve_neg", "lift_fresh", "_unsafe_view", "numpy_T", "unfold",
+             "result_type", "size", "stride", "is_nonzero", "lift", "_local_scalar_dense"}
+
+
+def _outermost(e) -> bool:
+    """Whether an event is an aten operation that no other aten operation called (the operations dispatched
+    from Python or from the autograd engine; what an op does inside, such as a CPU scalar's conversion or a
+    reduction's zero fill, is not a launch of its own on a GPU)."""
+    p = e.cpu_parent
+    while p is not None:
+        if p.name.startswith("aten::"):
+            return False
+        p = p.cpu_parent
+    return e.name.startswith("aten::")
 
 
 def working_ops(prof) -> collections.Counter:
-    """aten operations without an aten operation inside them, less NO_KERNEL, by name."""
+    """The outermost aten operations that do work, by name: less views and allocations (NO_KERNEL), and
+    less a ``to`` that changed nothing (the tensor was already on its device, in its dtype)."""
     count: collections.Counter = collections.Counter()
     for e in prof.events():
-        if not e.name.startswith("aten::") or any(c.name.startswith("aten::") for c in e.cpu_children):
-            continue
         name = e.name.removeprefix("aten::")
-        if name not in NO_KERNEL:
+        if _outermost(e) and name not in NO_KERNEL and not (name == "to" and not e.cpu_children):
             count[name] += 1
     return count
 

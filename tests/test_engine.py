@@ -147,8 +147,9 @@ def test_fold_running_stats_identity_for_one_client():
     flat = make(models.resnet20)
     start = flat.buffers()
     copies = {k: (v + 1).unsqueeze(0) for k, v in start.items()}
-    out = fold_running_stats(flat.module, start, copies, 1)
-    torch.testing.assert_close(out["bn1.running_mean"], start["bn1.running_mean"] + 1)
+    fold_running_stats(flat.module, copies, 1)
+    torch.testing.assert_close(flat.module.bn1.running_mean, start["bn1.running_mean"] + 1)
+    assert flat.module.bn1.num_batches_tracked.item() == start["bn1.num_batches_tracked"].item() + 1
 
 
 def test_full_oracle_is_exact_mean_gradient_over_shard():
@@ -214,8 +215,9 @@ def test_full_oracle_with_unequal_shards():
 
 def test_clip_factors_survive_float32_overflow():
     """Squared norms come from one float32 pass; a row whose sum of squares overflows float32 (here 1e30²)
-    is taken again from the row scaled by 2^-64, so it is clipped, not dropped as an infinite norm would be. A norm too small for
-    float32 squares (1e-30) reads as 0: its sample is left unclipped, as the exact norm leaves it."""
+    is taken again from the row scaled by 2^-64, so it is clipped, not dropped as an infinite norm would be.
+    A norm too small for float32 squares (1e-30) reads as 0: its sample is left unclipped, as the exact norm
+    leaves it."""
     t = torch.tensor([[3.0, 4.0, 0.0], [1e30, -1e30, 2.0], [1e-30, 0.0, 0.0]])
     sq = clipping.sq_norms(t)
     exact = t.double().pow(2).sum(1)
@@ -350,7 +352,7 @@ def test_runs_that_share_data_and_seed_share_one_batch_a_step():
     parts = [np.arange(0, 20), np.arange(20, 40)]
     shared = Batches(x, y, Preprocess((0.5,) * 3, (0.5,) * 3, CPU))
     runs = [ClientData(x, y, parts, 4, seed, shared.prep, augment=True, batches=shared) for seed in (0, 0, 1)]
-    for step in range(3):
+    for _ in range(3):
         a, b, c = (r.next_batches() for r in runs)
         assert a[0][0][0].data_ptr() == b[0][0][0].data_ptr() and not torch.equal(a[0][0][0], c[0][0][0])
     assert shared.made == 6                                  # seed 0 once a step, seed 1 once a step

@@ -89,7 +89,8 @@ def _partial_then_resume(data_root, run_dir, first_device, then_device, *overrid
     return pd.read_csv(run_dir / "metrics.csv").drop(columns="wall_time"), np.load(run_dir / "params.npy")
 
 
-FED = ("algo=dp_fed_normec", "model=cnn", "dataset=fashion_mnist", "dataset.train_limit=600", "dataset.test_limit=200",
+# Non-private: a CUDA generator's noise is not the CPU's, while who takes part is drawn on the host alike.
+FED = ("algo=fed_normec", "model=cnn", "dataset=fashion_mnist", "dataset.train_limit=600", "dataset.test_limit=200",
        "clients=4", "p=0.5", "rounds=8", "backend=stacked", "precision=fp32")
 
 
@@ -120,3 +121,63 @@ def test_a_short_run_on_cuda_matches_the_cpu_with_tf32_off(tmp_path, data_root):
     a, b = (pd.read_csv(tmp_path / d / "metrics.csv").drop(columns="wall_time") for d in ("cpu", "cuda"))
     pd.testing.assert_frame_equal(a, b, rtol=1e-4, check_exact=False)
     assert json.loads((tmp_path / "cuda" / "summary.json").read_text())["numerics"]["tf32"] is False
+
+
+def _pass_inputs(n=6, b=16, in_shape=(3, 32, 32), steps=6):
+    g = torch.Generator().manual_seed(2)
+    return [[[(torch.randn(b, *in_shape, generator=g).to(CUDA), torch.randint(0, 10, (b,), generator=g).to(CUDA),
+               1.0)] for _ in range(n)] for _ in range(steps)]
+
+
+def test_a_captured_pass_replays_what_eager_computes():
+    """Issue 29.5 / 31.3: the stacked pass recorded in a CUDA graph after its warm-up and replayed gives the
+    eager static pass's gradients, losses and BatchNorm statistics (the same kernels: to the last bit when
+    cuDNN picks the same algorithms, else to 1e-5), and no step makes the host wait once captured."""
+    from normfl.engine.capture import WARMUP
+
+    engines = []
+    for capture in ("auto", "off"):
+        torch.manual_seed(0)
+        engines.append(ClientEngine(FlatModel(models.resnet20((3, 32, 32), 10), CUDA), "stacked", (3, 32, 32),
+                                    capture=capture))
+    captured, eager = engines
+    x = captured.flat.vector()
+    steps = _pass_inputs()
+    for i, data in enumerate(steps):
+        if i > WARMUP:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            G, loss = captured.grads(x, data)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        G0, loss0 = eager.grads(x, data)
+        assert rel(G, G0) < 1e-5 and rel(loss, loss0) < 1e-5
+    assert captured.captured() == "replayed from a CUDA graph"
+    for a, b in zip(captured.flat.module.buffers(), eager.flat.module.buffers(), strict=True):
+        if a.is_floating_point():
+            assert rel(a, b) < 1e-5
+
+
+@pytest.mark.parametrize("overrides", [("algo=normec", "model=resnet20", "dataset=cifar10", "backend=stacked"),
+                                       ("algo=dp_fedavg", "p=0.5", "algo.noise_by=server", "model=cnn",
+                                        "dataset=fashion_mnist"),
+                                       ("experiment=nfa_t4_qtdl", "algo.cohort_size=2", "model=mlp")])
+def test_rounds_on_cuda_never_wait_for_the_device(overrides, tmp_path, data_root):
+    """Issue 29.1-2: the training data lives on the GPU, and rounds between two evaluations run with CUDA's
+    sync debug mode set to error: no read, no data-dependent shape, no copy to the host."""
+    from normfl.run import start
+
+    t = start(config(data_root, *overrides, "dataset.train_limit=640", "dataset.test_limit=100", "clients=4",
+                     "batch_size=16", "device=cuda", "rounds=10", "eval_every=100"), tmp_path / "run")
+    try:
+        assert t.clients.data.x.device.type == "cuda" and t.setup.x_test.device.type == "cuda"
+        for _ in range(4):                              # first uses (cuDNN's autotuner, caches)
+            t.record(*t.algo.round(t.step, t.x, t.clients))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(4):
+                t.record(*t.algo.round(t.step, t.x, t.clients))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    finally:
+        t.rundir.release()

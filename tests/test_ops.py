@@ -105,3 +105,20 @@ def test_appc_ef21_memory_recursion():
         g = g + beta * norm_alpha(g_star - g, alpha)
         assert abs(row_norms(g_star - g).item() ** 2 - err2) < 1e-9
     assert err2 < 1e-6                            # β/α < 1: g^k → g*
+
+
+def test_a_runs_generators_are_reseeded_not_remade():
+    """A run keeps one generator per (stream, device) and reseeds it each round: the same object every
+    round (what a captured graph registers), the same draws as a fresh generator of (seed, stream, round)."""
+    from normfl.ops import PARTICIPATION, Streams
+
+    streams = Streams(5)
+    first = streams(NOISE, 0, "cpu")
+    for k in (0, 1, 7):
+        for stream in (NOISE, PARTICIPATION):
+            gen = streams(stream, k, "cpu")
+            fresh = round_generator(5, stream, k, "cpu")
+            assert torch.equal(torch.randn(5, generator=gen), torch.randn(5, generator=fresh))
+    assert streams(NOISE, 3, "cpu") is first and streams(PARTICIPATION, 3, "cpu") is not first
+    other = Streams(6)(NOISE, 3, "cpu")
+    assert not torch.equal(torch.rand(3, generator=other), torch.rand(3, generator=streams(NOISE, 3, "cpu")))

@@ -8,8 +8,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from normfl.syncs import Counter, host_side, reading
 from normfl.run.training import start
+from normfl.syncs import Counter, host_side, reading
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["dataset=fashion_mnist", "model=mlp", "dataset.train_limit=400", "dataset.test_limit=100", "clients=4",

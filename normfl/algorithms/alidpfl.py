@@ -33,7 +33,7 @@ from normfl.algorithms.base import Algorithm, Clients
 from normfl.algorithms.local import local_dpsgd
 from normfl.algorithms.tau import Estimates, TauSelector, code_estimates, noise_constant, weighted_estimates
 from normfl.errors import ConfigError
-from normfl.ops import DPSGD, average, round_generator
+from normfl.ops import DPSGD, average
 from normfl.privacy.mechanisms import SampledGaussian
 from normfl.privacy.sgm import ClientAccountant
 
@@ -83,7 +83,7 @@ class DPFL(Algorithm):
         if k == 0:
             self._start(clients, x.device, x.dtype)
         tau = min(self.tau_next, self.R_c - self.used)                               # never overspend (reading C-A13)
-        gen = round_generator(self.seed, DPSGD, k, x.device)
+        gen = self.generator(DPSGD, k, x.device)
         W, loss, last, before = local_dpsgd(x, clients, tau, self.lr, self.mech, self.batch, gen)   # 6-11
         x_new = average(W, self.weights)                                             # 16: Σ |D_i|/|D| ŵ_i
         self.used += tau

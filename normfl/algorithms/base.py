@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from normfl.ops import NOISE, Participation, round_generator
+from normfl.ops import NOISE, Participation, Streams
 from normfl.privacy import Privacy, Privatizer, ledger
 
 
@@ -66,6 +66,7 @@ class Algorithm:
         """Allocate state for ``num_clients`` clients and calibrate the noise for ``rounds`` calls of ``round``
         (communication steps: a run's rounds, or its passes times their steps under reading=pass)."""
         self.num_clients, self.seed, self.privacy = num_clients, seed, privacy
+        self.generator = Streams(seed)       # generator(stream, k, device): round k's draws of a stream
 
     @property
     def p(self) -> float:
@@ -78,7 +79,7 @@ class Algorithm:
 
     def privatize(self, v: torch.Tensor, k: int) -> torch.Tensor:
         """v through the privatizer with round k's noise draws (v itself when not private)."""
-        return v if self.mech is None else self.mech(v, round_generator(self.seed, NOISE, k, v.device))
+        return v if self.mech is None else self.mech(v, self.generator(NOISE, k, v.device))
 
     # -- what the privacy costs ------------------------------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ import torch
 
 from normfl.algorithms.base import Clients
 from normfl.privacy.mechanisms import SampledGaussian
+from normfl.syncs import host_side
 
 OPERATORS = ("gd", "ig")
 
@@ -31,8 +32,10 @@ def pseudo_gradient(x: torch.Tensor, clients: Clients, gamma: float, steps: int 
             X = X - (gamma / steps) * clients.grads(X, ids=ids)[0]
     elif operator == "ig":
         X, loss = x, None
+        with host_side():                                          # host ids (``ops.Participation``)
+            mine = None if ids is None else ids.tolist()
         for batches in clients.cyclic_pass(ig_batch_size):
-            batches = batches if ids is None else [batches[i] for i in ids.tolist()]
+            batches = batches if mine is None else [batches[i] for i in mine]
             G, step_loss = clients.grads(X, batches)
             frac = torch.tensor([b[0][2] for b in batches], device=x.device, dtype=x.dtype)   # b_j / N
             X = X - gamma * frac[:, None] * G
@@ -53,11 +56,12 @@ def local_sgd(x: torch.Tensor, clients: Clients, ids, steps: int, lr: float, mom
     otherwise one client at a time, all its steps in a row: its vectors stay in cache (9% faster than
     stepping every client together on NormFedAvg's MLP, bit for bit the same). Returns ([len(ids), d]
     final points w_{k,E}, [len(ids)] minibatch losses at x)."""
-    ids = torch.as_tensor(ids).reshape(-1)
+    with host_side():                                              # host ids (``ops.Participation``)
+        ids = torch.as_tensor(ids).reshape(-1).tolist()
     W = torch.empty(len(ids), x.numel(), device=x.device, dtype=x.dtype)
     loss = torch.empty(len(ids), device=x.device, dtype=x.dtype)
     first = 0
-    for block in ([ids] if clients.side_by_side else ids.split(1)):
+    for block in ([ids] if clients.side_by_side else [[i] for i in ids]):
         rows, first = slice(first, first + len(block)), first + len(block)
         w, buf = x, None
         for _ in range(steps):

@@ -45,7 +45,7 @@ import torch
 from normfl.algorithms.base import Algorithm, Clients
 from normfl.algorithms.local import local_sgd
 from normfl.errors import ConfigError
-from normfl.ops import NOISE, Bounding, Participation, round_generator, server_step
+from normfl.ops import NOISE, Bounding, Participation, server_step
 from normfl.privacy.qtdl import (
     QTDL,
     Binomial,
@@ -132,7 +132,7 @@ class NormFedAvg(Algorithm):
         ids = self.sampling.cohort(k)                                                  # 3: S_k (host ids)
         W, loss = local_sgd(x, clients, ids, lr=self.eta(k), **self.local)             # 5-8: w_{k,E}^(i)
         u = self.psi(x - W)                                                            # 9: Ψ(w_k - w_{k,E})
-        g = u.mean(0) if self.mech is None else self.mech.mean(u, round_generator(self.seed, NOISE, k, x.device))
+        g = u.mean(0) if self.mech is None else self.mech.mean(u, self.generator(NOISE, k, x.device))
         x = server_step(x, g, self.step(k))                                            # 9, 11: (1/r) Σ M(.)
         return x, {"loss": loss.mean(), "uploads": len(ids)}
 

@@ -141,8 +141,9 @@ class ClientData:
         gradients sum to its oracle. Only these clients' batch streams advance."""
         ids = self._ids(ids)
         if self.oracle == "minibatch":
-            idx, draws = zip(*(self._take(i) for i in ids)) if ids else ((), ())
-            return [[piece] for piece in self._pieces(list(idx), list(draws) if self.augment and ids else None)]
+            taken = [self._take(i) for i in ids]
+            return [[piece] for piece in self._pieces([t[0] for t in taken],
+                                                      [t[1] for t in taken] if self.augment and ids else None)]
         if "full" not in self._fixed:          # deterministic: prepared once, reused every round
             chunks = [np.array_split(p, range(self.chunk, len(p), self.chunk)) for p in self._index]
             flat = self._pieces([c for cs in chunks for c in cs], weights=[len(c) / len(p) for p, cs in
@@ -160,8 +161,10 @@ class ClientData:
 
     def _ids(self, ids) -> list[int]:
         """The clients asked for, as host ints (``ids`` are host ids: ``ops.Participation.draw``)."""
+        if ids is None:
+            return list(range(len(self)))
         with host_side():
-            return list(range(len(self))) if ids is None else [int(i) for i in ids]
+            return ids.tolist() if isinstance(ids, torch.Tensor) else [int(i) for i in ids]
 
     def peek(self, ids=None):
         """The batches the next ``next_batches(ids)`` will return, without consuming them."""

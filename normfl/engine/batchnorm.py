@@ -11,6 +11,8 @@ communicated or averaged across clients beyond this, and they are not part of x.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -39,16 +41,41 @@ def client_copies(module: nn.Module, start: dict, n: int) -> dict[str, torch.Ten
             for p, _ in tracked(module) for s in STATS}
 
 
-def fold_running_stats(module: nn.Module, start: dict, copies: dict, n: int) -> dict:
-    """Compose n clients' updates of their copies (``[n, C]`` per buffer) in client order."""
-    out = dict(start)
+@functools.lru_cache(maxsize=64)
+def _powers(keep: float, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(1-m)^(n-1-i) for i = 0..n-1: the weight of client i's update once the clients after it have run."""
+    return keep ** torch.arange(n - 1, -1, -1, device=device, dtype=dtype)
+
+
+def fold_running_stats(module: nn.Module, copies: dict, n: int) -> None:
+    """Compose n clients' updates of their copies (``[n, C]`` per buffer) in client order, into the module's
+    running statistics, in place: r <- (1-m)^n r + sum_i (1-m)^(n-1-i) (copy_i - (1-m) r)."""
+    buffers = dict(module.named_buffers())
     for prefix, m in tracked(module):
         keep = 1.0 - m.momentum
         for stat in STATS:
-            key = _key(prefix, stat)
-            r, c = start[key], copies[key]
-            pw = keep ** torch.arange(n - 1, -1, -1, device=c.device, dtype=c.dtype)
-            out[key] = keep ** n * r + (pw[:, None] * (c - keep * r)).sum(0)
-        key = _key(prefix, "num_batches_tracked")
-        out[key] = start[key] + n
-    return out
+            r, c = buffers[_key(prefix, stat)], copies[_key(prefix, stat)]
+            update = (_powers(keep, n, c.dtype, c.device)[:, None] * (c - keep * r)).sum(0)
+            r.mul_(keep ** n).add_(update)
+        buffers[_key(prefix, "num_batches_tracked")].add_(n)
+
+
+class ClientStats:
+    """n clients' copies of a module's running statistics in buffers made once (a captured pass reads and
+    writes the same addresses each time): ``fill`` sets every copy to the module's statistics and returns
+    them, ``fold`` composes the clients' updates back into the module (``fold_running_stats``)."""
+
+    def __init__(self, module: nn.Module, n: int):
+        self.module, self.n = module, n
+        live = dict(module.named_buffers())
+        self.copies = {_key(p, s): live[_key(p, s)].new_empty(n, *live[_key(p, s)].shape)
+                       for p, _ in tracked(module) for s in STATS}
+
+    def fill(self) -> dict[str, torch.Tensor]:
+        live = dict(self.module.named_buffers())
+        for key, copy in self.copies.items():
+            copy.copy_(live[key].expand_as(copy))
+        return self.copies
+
+    def fold(self) -> None:
+        fold_running_stats(self.module, self.copies, self.n)

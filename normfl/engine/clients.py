@@ -6,6 +6,7 @@ import torch
 
 from normfl.data.clients import ClientData
 from normfl.engine import analytic, sequential, vmap
+from normfl.engine.capture import StaticPass, capturable
 from normfl.engine.clipping import clipped_by_norms, clipped_by_vmap, norm_layers
 from normfl.engine.stacked import NotStackable, StackedPass
 
@@ -26,9 +27,12 @@ class ClientEngine:
     - ``vmap``: ``torch.func.vmap`` over the client axis;
     - ``analytic``: for Linear/ReLU stacks (mlp, logreg), the backward pass written out;
     - ``stacked``: every client as one group of one grouped model, in one forward and one backward pass.
+
+    ``capture`` (``auto``, ``on``: the stacked backend's equal batches go through ``capture.StaticPass``,
+    replayed from a CUDA graph where the device allows; ``off``: the pass as it is).
     """
 
-    def __init__(self, flat, backend: str = "sequential", in_shape=None):
+    def __init__(self, flat, backend: str = "sequential", in_shape=None, capture: str = "off"):
         self.flat, self.backend = flat, backend
         self.norm_layers = norm_layers(flat.module)           # per-sample norms from layers, or None: vmap
         self.linear_stack = analytic.linear_stack(flat.module)   # the analytic backend's layers, or None
@@ -43,12 +47,25 @@ class ClientEngine:
                              "as model=mlp, logreg build")
         if backend == "stacked" and self.stacked is None:
             raise ValueError(f"stacked cannot run this model group by group: {self.not_stackable}")
+        self.static, self.capture = None, capture              # the stacked pass on static buffers (capture)
+        if capture != "off" and self.stacked is not None:
+            self.why_eager = capturable(flat.device, torch.are_deterministic_algorithms_enabled())
+            self.static = StaticPass(self.stacked, capture=self.why_eager is None)
 
     def backends(self) -> tuple[str, ...]:
         """The backends that apply to this model and precision (bf16 autocast: sequential and stacked)."""
         fp32 = self.flat.precision != "bf16"
         return ("sequential",) + (("vmap",) if fp32 else ()) + (("analytic",) if fp32 and self.linear_stack else ()) \
             + (("stacked",) if self.stacked else ())
+
+    def captured(self) -> str:
+        """How the pass ran, for a run's summary: replayed from a CUDA graph, eager on static buffers (and why),
+        or off."""
+        if self.static is None or self.backend != "stacked":
+            return "off" if self.capture == "off" else f"off: backend={self.backend} (only stacked captures)"
+        if any(b.graph is not None for b in self.static.buffers.values()):
+            return "replayed from a CUDA graph"
+        return f"eager on static buffers ({self.why_eager or 'no pass of equal batches yet'})"
 
     @property
     def side_by_side(self) -> bool:
@@ -58,6 +75,8 @@ class ClientEngine:
     def _backend(self, piece):
         if self.backend == "analytic":
             return lambda x, p: analytic.grads(self.flat, self.linear_stack, x, p)
+        if self.backend == "stacked" and self.static is not None and self.static.takes(piece):
+            return self.static
         if self.backend == "stacked" and self.stacked.takes(piece):
             return self.stacked.grads
         if self.backend == "vmap" and len(piece) > 1 and uniform([[p] for p in piece]):

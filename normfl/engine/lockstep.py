@@ -183,14 +183,13 @@ def _together(kind: str, requests: list[tuple]) -> list:
         return list(zip(sums.split(sizes), losses.split(sizes), strict=True))
     if stacked.has_batchnorm and not stacked.takes(piece):
         return [_alone(r) for r in requests]
-    starts = [e.flat.buffers() for e in engines]
-    copies = [client_copies(e.flat.module, s, n) for e, s, n in zip(engines, starts, sizes, strict=True)]
+    copies = [client_copies(e.flat.module, dict(e.flat.module.named_buffers()), n)
+              for e, n in zip(engines, sizes, strict=True)]
     stats = {k: torch.cat([c[k] for c in copies]) for k in copies[0]} if copies[0] else None
     G, losses = stacked.grads(X, piece, stats)
     first = 0
-    for e, start, n in zip(engines, starts, sizes, strict=True):
+    for e, n in zip(engines, sizes, strict=True):
         if stats:
-            mine = {k: v[first:first + n] for k, v in stats.items()}
-            e.flat.set_buffers(fold_running_stats(e.flat.module, start, mine, n))
+            fold_running_stats(e.flat.module, {k: v[first:first + n] for k, v in stats.items()}, n)
         first += n
     return list(zip(G.split(sizes), losses.split(sizes), strict=True))

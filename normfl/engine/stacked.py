@@ -29,7 +29,7 @@ from torch import nn
 from torch.func import functional_call
 
 from normfl import models
-from normfl.engine.batchnorm import client_copies, fold_running_stats
+from normfl.engine.batchnorm import ClientStats, client_copies
 from normfl.engine.clipping import clip_factors, norm_layers, sq_norms
 
 
@@ -149,6 +149,7 @@ class StackedPass:
         names = {id(m): n for n, m in flat.module.named_modules()}
         mods = dict(self.module.named_modules())
         self.norm_layers = None if layers is None else [(names[id(m)], mods[names[id(m)]]) for m in layers]
+        self.client_stats: dict[int, ClientStats] = {}         # by number of clients in a pass
 
     @torch.no_grad()
     def check(self, in_shape) -> None:
@@ -176,7 +177,10 @@ class StackedPass:
     def losses(self, X, piece, stats: dict | None = None):
         """Each client's mean loss on its batch at its row of X ([G]), and the output ``[B, G, K]``;
         ``stats``: the clients' copies of the BatchNorm running statistics, updated in place."""
-        xb, yb, mask = stack_inputs(piece)
+        return self.losses_stacked(X, *stack_inputs(piece), stats)
+
+    def losses_stacked(self, X, xb, yb, mask, stats: dict | None = None):
+        """``losses`` of inputs already stacked (``stack_inputs``)."""
         out = self.flat.run(functional_call, self.module, (self.flat.as_params(X), stats or {}), (xb,))
         b, g = yb.shape
         ce = F.cross_entropy(out.reshape(b * g, -1), yb.reshape(-1), reduction="none").view(b, g)
@@ -189,14 +193,16 @@ class StackedPass:
         """``([G, d] gradients, [G] mean losses)`` of G clients' batches at x (``[d]``) or X (``[G, d]``).
         Without ``stats``, BatchNorm's running statistics are the flat model's, updated by the rule."""
         X = self._points(x, len(piece))
-        start = None
+        own = None
         if stats is None and self.has_batchnorm:
-            start = self.flat.buffers()
-            stats = client_copies(self.flat.module, start, len(piece))
+            if len(piece) not in self.client_stats:
+                self.client_stats[len(piece)] = ClientStats(self.flat.module, len(piece))
+            own = self.client_stats[len(piece)]
+            stats = own.fill()
         loss, _ = self.losses(X, piece, stats)
         (G,) = torch.autograd.grad(loss.sum(), X)
-        if start is not None:
-            self.flat.set_buffers(fold_running_stats(self.flat.module, start, stats, len(piece)))
+        if own is not None:
+            own.fold()
         return G, loss.detach()
 
     def clipped_sums(self, x, pieces, clip: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,8 +17,7 @@ def grads(flat, x: torch.Tensor, piece) -> tuple[torch.Tensor, torch.Tensor]:
     n = len(piece)
     xb = torch.stack([p[0] for p in piece])
     yb = torch.stack([p[1] for p in piece])
-    start = flat.buffers()
-    buffers = {k: b.expand(n, *b.shape).clone() for k, b in start.items()}
+    buffers = {k: b.expand(n, *b.shape).clone() for k, b in flat.module.named_buffers()}
 
     def loss_fn(params, bufs, xs, ys):
         return F.cross_entropy(functional_call(flat.module, (params, bufs), (xs,)), ys)
@@ -26,5 +25,5 @@ def grads(flat, x: torch.Tensor, piece) -> tuple[torch.Tensor, torch.Tensor]:
     in_x = 0 if x.dim() == 2 else None
     g, losses = vmap(grad_and_value(loss_fn), in_dims=(in_x, 0, 0, 0))(flat.as_params(x), buffers, xb, yb)
     G = torch.cat([g[name].reshape(n, -1) for name in flat.names], dim=1)
-    flat.set_buffers(fold_running_stats(flat.module, start, buffers, n))
+    fold_running_stats(flat.module, buffers, n)
     return G, losses.detach()

@@ -128,7 +128,8 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     steps = data.steps_per_pass() if cfg.get("reading", "text") == "pass" else 1
     algo.setup(x, cfg.clients, cfg.rounds * steps, build_privacy(cfg, steps), cfg.seed)
     try:
-        engine = ClientEngine(flat, cfg.backend, in_shape=tuple(ds.x_train.shape[1:]))
+        engine = ClientEngine(flat, cfg.backend, in_shape=tuple(ds.x_train.shape[1:]),
+                              capture=cfg.get("capture", "auto"))
     except ValueError as err:                # a backend this model's layers do not allow
         raise ConfigError("backend", cfg.backend, f"one of {', '.join(engine_options(flat, ds))} with "
                           f"model={_kind(cfg.model)} ({err})") from err

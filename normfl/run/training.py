@@ -27,9 +27,9 @@ from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
 from normfl.results import Recorder, finished
-from normfl.syncs import reading
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build
+from normfl.syncs import reading
 
 log = logging.getLogger("normfl")
 INPUT_ERRORS = (ConfigError, FileNotFoundError)
@@ -155,7 +155,7 @@ class Training:
         recorded with NaN test metrics and the rows after it are dropped. Returns whether the run is sound."""
         if not self.unread:
             return self.status != "diverged"
-        rows, flags = zip(*self.unread)
+        rows, flags = [r for r, _ in self.unread], [f for _, f in self.unread]
         self.unread = []
         pending = [v for r in rows for v in r["train_loss"] if isinstance(v, torch.Tensor)]
         parts = [torch.stack(flags).double()] + ([torch.stack(pending).double().to(flags[0].device)] if pending else [])
@@ -195,7 +195,7 @@ class Training:
             "split": s.ds.split, "train_size": len(s.ds.y_train), "test_size": len(s.ds.y_test),
             "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": s.flat.dim,
             "backend": self.clients.engine.backend, "precision": cfg.precision, "device": str(s.device),
-            "numerics": numerics(),
+            "numerics": numerics(), "capture": self.clients.engine.captured(),
             "threads": torch.get_num_threads(),
             "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "private": self.algo.private,
             "reading": cfg.get("reading", "text"), "steps": self.step, "steps_per_round": s.steps_per_round,

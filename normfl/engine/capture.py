@@ -1,0 +1,130 @@
+"""The stacked pass on buffers made once, so that a CUDA graph can replay it (``capture``).
+
+A graph replays the kernels it recorded on the memory it recorded them on. ``StaticPass`` therefore keeps,
+per shape of pass (clients, batch, sample shape), the clients' points ``X [n, d]``, their stacked inputs
+``[b, n·C, ...]`` and labels ``[b, n]`` in buffers of its own; a step copies its inputs into them and runs
+the pass, which writes the gradients and losses (and, with BatchNorm, folds the clients' running statistics
+into the model's buffers, through ``ClientStats``' buffers) always at the same addresses.
+
+- Eager (``capture=off``, the CPU, or a setting that cannot be captured): the pass runs on the buffers as it
+  is. It is the step a graph replays, and gives the same numbers as ``StackedPass.grads``.
+- Captured (``capture=auto`` or ``on`` on CUDA): after ``WARMUP`` eager steps on a side stream (cuDNN and the
+  autograd engine settle there), one step is recorded in a ``torch.cuda.CUDAGraph``; every later step copies
+  its inputs and replays it.
+
+What cannot be captured runs eagerly (``capturable`` says why): a pass whose batches differ in size (DP-SGD's
+Poisson batches, uneven shards), deterministic mode (some of cuDNN's deterministic kernels sync).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from normfl.engine.batchnorm import ClientStats
+
+log = logging.getLogger(__name__)
+CAPTURES = ("auto", "on", "off")
+WARMUP = 3          # eager steps before a capture
+
+
+class NotCapturable(ValueError):
+    """A setting whose steps cannot be recorded once and replayed."""
+
+
+def capturable(device: torch.device, deterministic: bool) -> str | None:
+    """Why a run on ``device`` cannot capture its pass (None: it can)."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device; this run computes on {device.type}"
+    if deterministic:
+        return "deterministic=true: some of cuDNN's deterministic kernels synchronise, which a capture forbids"
+    return None
+
+
+class _Buffers:
+    """One shape of pass: its input buffers, its outputs, and its graph once recorded."""
+
+    def __init__(self, stacked, n: int, xb: torch.Tensor, yb: torch.Tensor, dim: int):
+        self.n, self.steps, self.graph = n, 0, None
+        self.X = torch.zeros(n, dim, device=xb.device, dtype=stacked.flat.vector().dtype, requires_grad=True)
+        self.xb, self.yb = torch.empty_like(xb), torch.empty_like(yb)
+        self.stats = ClientStats(stacked.flat.module, n) if stacked.has_batchnorm else None
+        self.G = self.loss = None
+
+
+class StaticPass:
+    """``StackedPass.grads`` on static buffers, replayed from a CUDA graph when ``capture`` (see the module
+    docstring). Takes pieces of equal size only (``takes``)."""
+
+    def __init__(self, stacked, capture: bool):
+        self.stacked, self.capture = stacked, capture
+        self.buffers: dict[tuple, _Buffers] = {}
+
+    @staticmethod
+    def takes(piece) -> bool:
+        """Whether these batches have one shape (a static pass needs no padding mask)."""
+        return len({(tuple(p[0].shape), tuple(p[1].shape)) for p in piece}) == 1
+
+    def __call__(self, x: torch.Tensor, piece) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(piece)
+        key = (n, tuple(piece[0][0].shape), piece[0][0].dtype, tuple(piece[0][1].shape))
+        if key not in self.buffers:
+            xb0, yb0 = _stacked(piece)
+            self.buffers[key] = _Buffers(self.stacked, n, xb0, yb0, self.stacked.flat.dim)
+        buf = self.buffers[key]
+        with torch.no_grad():                            # the step's inputs, into the buffers
+            buf.X.copy_(x.expand(n, -1) if x.dim() == 1 else x)
+            torch.stack([p[0] for p in piece], 1, out=buf.xb.view(len(piece[0][1]), n, *piece[0][0].shape[1:]))
+            torch.stack([p[1] for p in piece], 1, out=buf.yb)
+        if buf.graph is not None:
+            buf.graph.replay()
+        elif self.capture and buf.steps >= WARMUP:
+            self._record(buf)
+            buf.graph.replay()
+        else:
+            self._step(buf, side_stream=self.capture)
+        buf.steps += 1
+        return buf.G.clone(), buf.loss.clone()           # the caller's own: the next step overwrites the buffers
+
+    def _pass(self, buf: _Buffers) -> None:
+        """The step a graph records: the clients' losses and gradients at X on the buffered batches."""
+        stats = buf.stats.fill() if buf.stats is not None else None
+        loss, _ = self.stacked.losses_stacked(buf.X, buf.xb, buf.yb, None, stats)
+        (G,) = torch.autograd.grad(loss.sum(), buf.X)
+        if buf.stats is not None:
+            buf.stats.fold()
+        if buf.G is None:
+            buf.G, buf.loss = G, loss.detach()
+        else:                                            # eager steps write where the graph will
+            buf.G.copy_(G)
+            buf.loss.copy_(loss.detach())
+
+    def _step(self, buf: _Buffers, side_stream: bool) -> None:
+        if not side_stream:
+            self._pass(buf)
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._pass(buf)
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def _record(self, buf: _Buffers) -> None:
+        graph = torch.cuda.CUDAGraph()
+        G, loss = buf.G, buf.loss
+        with torch.cuda.graph(graph):
+            stats = buf.stats.fill() if buf.stats is not None else None
+            out, _ = self.stacked.losses_stacked(buf.X, buf.xb, buf.yb, None, stats)
+            (g,) = torch.autograd.grad(out.sum(), buf.X)
+            if buf.stats is not None:
+                buf.stats.fold()
+            G.copy_(g)
+            loss.copy_(out.detach())
+        buf.graph = graph
+        log.info("captured the stacked pass of %d clients (batch %s) in a CUDA graph", buf.n, tuple(buf.xb.shape))
+
+
+def _stacked(piece) -> tuple[torch.Tensor, torch.Tensor]:
+    """Equal batches of G clients as ``[B, G·C, ...]`` inputs and ``[B, G]`` labels."""
+    return torch.stack([p[0] for p in piece], 1).flatten(1, 2), torch.stack([p[1] for p in piece], 1)

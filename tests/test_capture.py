@@ -1,0 +1,63 @@
+"""The stacked pass on static buffers (``normfl.engine.capture``): the step a CUDA graph replays is the step
+eager mode runs on the CPU, and it gives the plain pass's numbers bit for bit. The capture itself is
+checked in tests/test_gpu.py."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from normfl import models
+from normfl.engine import ClientEngine, FlatModel
+from normfl.engine.capture import StaticPass, capturable
+from normfl.errors import ConfigError
+
+CPU = torch.device("cpu")
+
+
+def _engine(builder, in_shape, capture):
+    torch.manual_seed(0)
+    return ClientEngine(FlatModel(builder(in_shape, 10), CPU), "stacked", in_shape, capture=capture)
+
+
+@pytest.mark.parametrize("builder, in_shape", [(models.resnet20, (3, 32, 32)), (models.mlp, (1, 28, 28))])
+def test_static_pass_equals_the_plain_pass_step_after_step(builder, in_shape):
+    """Four steps of 3 clients at their own points: gradients, losses and (ResNet20) the folded BatchNorm
+    running statistics equal the plain stacked pass's, bit for bit; what a step returns is the caller's own,
+    so changing it in place (local steps do) leaves the next step alone."""
+    static, plain = _engine(builder, in_shape, "auto"), _engine(builder, in_shape, "off")
+    assert isinstance(static._backend([(torch.zeros(1), torch.zeros(1), 1.0)] * 2), StaticPass)
+    gen = torch.Generator().manual_seed(1)
+    x = static.flat.vector()
+    for step in range(4):
+        X = x + 0.01 * torch.randn(3, x.numel(), generator=gen)
+        batches = [[(torch.randn(4, *in_shape, generator=gen), torch.randint(0, 10, (4,), generator=gen), 1.0)]
+                   for _ in range(3)]
+        G, loss = static.grads(X if step % 2 else x, batches)
+        G0, loss0 = plain.grads(X if step % 2 else x, batches)
+        assert torch.equal(G, G0) and torch.equal(loss, loss0)
+        G.mul_(0), loss.mul_(0)
+    for a, b in zip(static.flat.module.buffers(), plain.flat.module.buffers(), strict=True):
+        assert torch.equal(a, b)
+    assert len(static.static.buffers) == 1 and static.captured().startswith("eager on static buffers")
+
+
+def test_unequal_batches_take_the_plain_pass():
+    engine = _engine(models.mlp, (1, 28, 28), "auto")
+    batches = [[(torch.randn(n, 1, 28, 28), torch.zeros(n, dtype=torch.long), 1.0)] for n in (3, 5)]
+    G, _ = engine.grads(engine.flat.vector(), batches)
+    assert G.shape == (2, engine.flat.dim) and not engine.static.buffers
+
+
+def test_capture_needs_cuda_and_refuses_on_where_it_cannot():
+    assert "CUDA" in capturable(CPU, False)
+    assert "deterministic" in capturable(torch.device("cuda"), True)
+    assert capturable(torch.device("cuda"), False) is None
+    from hydra import compose, initialize_config_dir
+
+    from normfl.config import validate
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["device=cpu", "capture=on"])
+    with pytest.raises(ConfigError, match="capture='on'.*auto or off.*CUDA"):
+        validate(cfg)
