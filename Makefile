@@ -19,7 +19,7 @@ IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normfedavg-t4 normfedavg-f3 normfedavg-t5 normfedavg-f4 normfedavg-t6 normfedavg-f5
 REPRODUCE := $(BIN)/python -m normfl.reproduce
 
-.PHONY: install lock run test lint campaign bench scale privacy-table clean figures report all-figures alidpfl-readings $(IDS)
+.PHONY: install lock run test lint campaign bench gpu-check scale privacy-table clean figures report all-figures alidpfl-readings $(IDS)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)            ## round time of settings A-D against the compute floor and paper-style code
 	$(BIN)/python scripts/bench.py $(ARGS)
+
+gpu-check: $(STAMP)        ## on a GPU: the GPU tests, the bench (A-D, 16 runs side by side), a timed NORMEC pass -> outputs/gpu-check/report.md
+	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
 scale: $(STAMP)            ## round time and peak memory at 1,000 / 10,000 / 100,000 clients
 	$(BIN)/python scripts/scale.py $(ARGS)

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from normfl.config import KEY_DEFAULTS, NOT_IN_KEY
 from normfl.privacy import certified
-from normfl.reproduce.figures import _markdown, _save, curve, plt
+from normfl.reproduce.figures import _save, curve, markdown_table, plt
 from normfl.results import write_atomic
 
 SUMMARY = ("status", "profile", "data", "final_round", "final_test_acc", "best_test_acc", "best_round",
@@ -111,7 +111,7 @@ def table(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def markdown(t: pd.DataFrame, by: list[str]) -> str:
-    return _markdown(t.assign(**{k: t[k].map(_key) for k in by}))
+    return markdown_table(t.assign(**{k: t[k].map(_key) for k in by}))
 
 
 def sweep_table(dirs: list[Path], swept: list[str]) -> str:

@@ -70,24 +70,119 @@ SETTINGS = {
 }
 
 
-class LoggedClients(Clients):
-    """The run's clients, noting what each round computes: (kind, client ids, per-client pieces)."""
+class Phases:
+    """Where a round's time goes: ``data`` (drawing and making the clients' batches), ``pass`` (their
+    gradients) and the rest of the round (``update``: the algorithm's vector work). On CUDA each phase is
+    bracketed by CUDA events (device time, read once the round is over); on a CPU by the wall clock."""
 
-    def __init__(self, clients: Clients):
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self, phase: str, start: bool):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        else:
+            event = time.perf_counter()
+        self.marks.append((phase, start, event))
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase since the last call (``round`` marks the whole round)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        opened = {}
+        for phase, start, event in self.marks:
+            if start:
+                opened[phase] = event
+                continue
+            begin = opened.pop(phase)
+            secs = begin.elapsed_time(event) / 1e3 if self.cuda else event - begin
+            out[phase] = out.get(phase, 0.0) + secs
+        self.marks = []
+        out["update"] = out.get("round", 0.0) - out.get("data", 0.0) - out.get("pass", 0.0)
+        return out
+
+
+class LoggedClients(Clients):
+    """The run's clients, noting what each round computes, (kind, client ids, per-client pieces), and
+    timing its data and pass phases (``Phases``)."""
+
+    def __init__(self, clients: Clients, phases: Phases):
         super().__init__(clients.engine, clients.data)
         self.log: list = []
+        self.phases = phases
 
     def grads(self, x, batches=None, ids=None):
         if batches is None:
+            self.phases.mark("data", True)
             batches = self.data.next_batches(ids)
+            self.phases.mark("data", False)
         ids = list(range(len(self.data))) if ids is None else [int(i) for i in ids]
         self.log.append(("grad", ids, batches))
-        return self.engine.grads(x, batches)
+        self.phases.mark("pass", True)
+        out = self.engine.grads(x, batches)
+        self.phases.mark("pass", False)
+        return out
 
     def clipped_grad_sums(self, x, rate, clip):
-        out = super().clipped_grad_sums(x, rate, clip)
-        self.log.append(("clip", list(range(len(self.data))), [[p] for p in out[2]]))
-        return out
+        self.phases.mark("data", True)
+        batches = self.data.poisson_batches(rate)
+        self.phases.mark("data", False)
+        self.phases.mark("pass", True)
+        out = self.engine.clipped_sums(x, batches, clip, self.data.poisson_capacity(rate))
+        self.phases.mark("pass", False)
+        self.log.append(("clip", list(range(len(self.data))), [[p] for p in batches]))
+        return (*out, batches)
+
+
+class Replay(Clients):
+    """A logged round's batches handed out again, each client's in the order it asked for them (a backend that
+    steps clients together asks in another order than one that steps them one by one): every backend computes
+    on the same inputs (``agreement``)."""
+
+    def __init__(self, clients: Clients, log: list):
+        super().__init__(clients.engine, clients.data)
+        self.queues: dict[int, list] = {}
+        for _, ids, batches in log:
+            for i, b in zip(ids, batches, strict=True):
+                self.queues.setdefault(i, []).append(b)
+
+    def _next(self, ids):
+        return [self.queues[i].pop(0) for i in (range(len(self.data)) if ids is None else [int(i) for i in ids])]
+
+    def grads(self, x, batches=None, ids=None):
+        return self.engine.grads(x, self._next(ids) if batches is None else batches)
+
+    def clipped_grad_sums(self, x, rate, clip):
+        pieces = [b[0] for b in self._next(None)]
+        return (*self.engine.clipped_sums(x, pieces, clip, self.data.poisson_capacity(rate)), pieces)
+
+
+def agreement(setup, clients, variants, apply, x, k: int, log: list) -> dict[str, dict]:
+    """For each backend variant, one round from the same state on the same batches as the first: the largest
+    relative difference of its first gradients and of its new x from the first variant's."""
+    def rel(a, b):
+        return float(torch.linalg.vector_norm((a - b).double()) / torch.linalg.vector_norm(b.double()).clamp_min(1e-30))
+
+    out, ref = {}, None
+    for v in variants:
+        apply(v)
+        algo = copy.deepcopy(setup.algo)
+        buffers = setup.flat.buffers()
+        first = Replay(clients, log)
+        call = log[0]
+        if call[0] == "grad":
+            G = clients.engine.grads(x, call[2])[0]
+        else:
+            G = clients.engine.clipped_sums(x, [b[0] for b in call[2]], setup.algo.mech.clip)[0]
+        x_new, _ = algo.round(k, x, first)
+        setup.flat.set_buffers(buffers)
+        if ref is None:
+            ref = (G, x_new)
+        out[v] = {"grad_rel_diff": rel(G, ref[0]), "update_rel_diff": rel(x_new, ref[1])}
+    return out
 
 
 def local_steps(cfg) -> bool:
@@ -262,7 +357,8 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*own, "progress=false", *overrides])
     setup = build(cfg)
-    clients = LoggedClients(setup.clients)
+    phases = Phases(setup.device)
+    clients = LoggedClients(setup.clients, phases)
     floor, paper = Floor(cfg, setup.ds, setup.device), PaperStyle(cfg, setup)
     floor_bf16 = Floor(cfg, setup.ds, setup.device, bf16=True)
     dense, dense_bf16 = (DenseFloor(cfg, setup.ds, setup.device, bf16=b) for b in (False, True))
@@ -272,7 +368,9 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
     backends = (["layer norms", "vmap", *stacked] if dp else
                 [*clients.engine.backends(), "sequential+bf16", *(f"{s}+bf16" for s in stacked)])
     layers = clients.engine.norm_layers
-    x, k, times = setup.x, 0, {}
+    x, k, times, split = setup.x, 0, {}, {}
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
 
     def timed(label, fn, *args):
         sync()
@@ -282,16 +380,27 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
         times.setdefault(label, []).append(time.perf_counter() - t)
         return out
 
-    for _ in range(reps + 1):
+    def use(b):
+        if dp:                                               # per-sample clipping: layer norms, vmap, stacked
+            clients.engine.norm_layers = None if b == "vmap" else layers
+            clients.engine.backend = "stacked" if b == "stacked" else "sequential"
+        else:                                                # precision=bf16: the sequential or stacked backend
+            clients.engine.backend = b.removesuffix("+bf16")
+            setup.flat.precision = "bf16" if b.endswith("+bf16") else "fp32"
+
+    for rep in range(reps + 1):
         for b in backends:
-            if dp:                                           # per-sample clipping: layer norms, vmap, stacked
-                clients.engine.norm_layers = None if b == "vmap" else layers
-                clients.engine.backend = "stacked" if b == "stacked" else "sequential"
-            else:                                            # precision=bf16: the sequential or stacked backend
-                clients.engine.backend = b.removesuffix("+bf16")
-                setup.flat.precision = "bf16" if b.endswith("+bf16") else "fp32"
+            use(b)
             clients.log = []
+            phases.mark("round", True)
+            x_before = x
             x, _ = timed(f"normfl/{b}", setup.algo.round, k, x, clients)
+            phases.mark("round", False)
+            for phase, secs in phases.totals().items():
+                split.setdefault((f"normfl/{b}", phase), []).append(secs)
+            if rep == 0 and b == backends[0]:                # the backends on this round's inputs, from its start
+                agree = agreement(setup, clients, backends, use, x_before, k, clients.log)
+                use(b)
             k += 1
         timed("floor", floor, clients.log)
         for d in (dense, *(() if dp else (dense_bf16,))):
@@ -304,9 +413,27 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
         setup.flat.precision = cfg.precision                 # evaluation in the run's own precision
         timed("eval", setup.flat.evaluate, x, setup.x_test, setup.y_test)
     med = {label: statistics.median(v[1:]) for label, v in times.items()}   # the first round warms up
+    phase = {key: statistics.median(v[1:]) for key, v in split.items()}
+    facts = device_facts(setup.device)
     return [{"setting": name, "what": title, "variant": label, "seconds": s, "vs_floor": s / med["floor"],
-             "vs_dense": s / med["dense floor"], "threads": torch.get_num_threads(), "device": str(setup.device)}
+             "vs_dense": s / med["dense floor"],
+             "vs_dense_same_precision": s / med["dense floor+bf16" if label.endswith("+bf16") and not dp
+                                               else "dense floor"],
+             **{f"{p}_s": phase.get((label, p)) for p in ("data", "pass", "update")},
+             "other_s": s - phase[label, "round"] if (label, "round") in phase else None,
+             **agree.get(label.removeprefix("normfl/"), {}), "reps": reps,
+             "threads": torch.get_num_threads(), "device": str(setup.device), **facts}
             for label, s in med.items()]
+
+
+def device_facts(device: torch.device) -> dict:
+    """What the numbers were measured on: the device's name, the numerics flags, and the peak memory."""
+    from normfl.engine.flat import device_name, numerics
+    from normfl.run.training import peak_rss_mb
+
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
+    return {"device_name": device_name(device), **numerics(), "peak_memory_mb": peak,
+            "torch": torch.__version__, "cuda": torch.version.cuda if device.type == "cuda" else None}
 
 
 def together(overrides: list[str], reps: int, runs: int) -> list[dict]:
@@ -377,7 +504,8 @@ def sweep_throughput(overrides: list[str], rounds: int) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=30 if torch.cuda.is_available() else 5,
+                    help="timed rounds per variant, after one warm-up (default 30 on CUDA, 5 on a CPU)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--sweep-rounds", type=int, default=30, help="rounds per run of the sweep comparison (0: skip)")
     ap.add_argument("--together", type=int, default=16 if torch.cuda.is_available() else 0,

@@ -22,8 +22,18 @@ def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
                 ["normfl/sequential", "normfl/vmap", "normfl/analytic", "normfl/stacked", "normfl/sequential+bf16",
                  "normfl/stacked+bf16", "floor+bf16", "dense floor+bf16"])
     assert sorted(got) == sorted([*backends, "floor", "dense floor", "paper-style", "eval"])
-    assert got["floor"]["vs_floor"] == 1.0 and got["dense floor"]["vs_dense"] == 1.0
-    assert all(r["seconds"] > 0 for r in rows)
+    floor, dense = got["floor"]["seconds"], got["dense floor"]["seconds"]
+    assert all(r["seconds"] > 0 and r["vs_floor"] == r["seconds"] / floor and r["vs_dense"] == r["seconds"] / dense
+               for r in rows)
+    for name in (b for b in backends if b.startswith("normfl/")):
+        row = got[name]                             # every backend on the first round's inputs, from one state
+        tol = 5e-2 if name.endswith("+bf16") else 1e-4
+        assert row["grad_rel_diff"] < tol and row["update_rel_diff"] < tol, (name, row)
+        assert 0 < row["pass_s"] <= row["seconds"] and row["data_s"] >= 0       # phases of the round's time
+        assert abs(row["data_s"] + row["pass_s"] + row["update_s"] + row["other_s"] - row["seconds"]) < 1e-9
+    if setting == "B":
+        assert got["normfl/stacked+bf16"]["vs_dense_same_precision"] == (got["normfl/stacked+bf16"]["seconds"]
+                                                                       / got["dense floor+bf16"]["seconds"])
 
 
 def test_bench_times_runs_side_by_side(data_root):
@@ -32,3 +42,24 @@ def test_bench_times_runs_side_by_side(data_root):
     got = {r["variant"]: r for r in rows}
     assert sorted(got) == ["dense floor (fp32)", "normfl (fp32)"]
     assert got["dense floor (fp32)"]["vs_dense"] == 1.0 and got["normfl (fp32)"]["per_run"] > 0
+
+
+def test_gpu_check_report_reads_the_bench_and_the_pass(tmp_path, data_root):
+    """``make gpu-check``'s report, written from a bench CSV and a finished pass (its GPU half runs on a GPU)."""
+    import json
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SPEC.origin.replace("bench.py", "gpu_check.py"))
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    rows = bench.bench("D", [f"data_root={data_root}", "algo.sample_rate=0.01", "clients=4",
+                             "dataset.train_limit=4000", "dataset.test_limit=200"], reps=1)
+    pd.DataFrame(rows).to_csv(tmp_path / "bench.csv", index=False)
+    (tmp_path / "normec-pass").mkdir()
+    (tmp_path / "normec-pass" / "summary.json").write_text(json.dumps(
+        {"steps": 140, "seconds_per_round": 2.8, "final_test_acc": 0.41, "capture": "replayed from a CUDA graph"}))
+    parts = {name: {"status": "passed", "seconds": 1.0, "tail": "3 passed"} for name in ("tests", "bench", "pass")}
+    gpu_check.write_report(tmp_path, parts)
+    report = (tmp_path / "report.md").read_text()
+    assert "| D | normfl/stacked |" in report and "20.00 ms a step" in report and "14.0 min" in report

@@ -356,3 +356,31 @@ def test_runs_that_share_data_and_seed_share_one_batch_a_step():
         a, b, c = (r.next_batches() for r in runs)
         assert a[0][0][0].data_ptr() == b[0][0][0].data_ptr() and not torch.equal(a[0][0][0], c[0][0][0])
     assert shared.made == 6                                  # seed 0 once a step, seed 1 once a step
+
+
+def test_poisson_batches_pad_to_a_capacity_fixed_for_the_run():
+    """DP-SGD's stacked pass pads every client's Poisson batch to one capacity chosen once per rate (a
+    Binomial(|D_i|, q) quantile at 1 - 1e-6), so passes keep one shape; a larger draw is padded to its own
+    size, so the sampling stays exactly Poisson; padding changes no sum beyond float rounding."""
+    from scipy.stats import binom
+
+    from normfl.data.clients import POISSON_TAIL
+    from normfl.engine.stacked import stack_inputs
+
+    y = torch.zeros(4000, dtype=torch.long)
+    x = torch.randn(4000, 1, 28, 28)
+    d = ClientData(x, y, [np.arange(0, 1500), np.arange(1500, 4000)], 8, 0, Preprocess((), (), CPU), augment=False)
+    cap = d.poisson_capacity(0.01)
+    assert cap == binom.ppf(1 - POISSON_TAIL, 2500, 0.01) and 25 < cap < 60
+    shapes = {stack_inputs(d.poisson_batches(0.01), cap)[0].shape for _ in range(20)}
+    assert shapes == {(cap, 2, 28, 28)}
+    big = [(x[:cap + 5], y[:cap + 5], 1.0), (x[:3], y[:3], 1.0)]
+    xb, _, mask = stack_inputs(big, cap)
+    assert len(xb) == cap + 5 and mask.sum(0).tolist() == [cap + 5, 3]
+    engine = ClientEngine(make(models.cnn, (1, 28, 28)), "stacked")
+    X = engine.flat.vector().expand(2, -1)
+    pieces = d.poisson_batches(0.01)
+    padded, loss_p = engine.clipped_sums(X, pieces, 0.5, cap)
+    tight, loss_t = engine.clipped_sums(X, pieces, 0.5)
+    torch.testing.assert_close(padded, tight, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(loss_p, loss_t, rtol=1e-6, atol=0)

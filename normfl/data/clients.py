@@ -15,11 +15,13 @@ import threading
 
 import numpy as np
 import torch
+from scipy.stats import binom
 
 from normfl.data.transforms import crop_flip, draw_crop_flip, normalize
 from normfl.syncs import host_side
 
 ORACLES = ("minibatch", "full")
+POISSON_TAIL = 1e-6        # the chance that a client's Poisson batch is larger than its run's padded capacity
 
 
 class Preprocess:
@@ -89,6 +91,7 @@ class ClientData:
         self.oracle, self.chunk, self.seed, self.augment = oracle, chunk, seed, augment
         self.streams: dict[int, list] = {}    # client -> [rng, order, pos, aug], made when first used
         self._fixed: dict = {}                 # the deterministic batch lists (full oracle, IG passes)
+        self._capacity: dict[float, int] = {}  # Poisson batch capacity by sampling rate
 
     def __len__(self) -> int:
         return len(self.parts)
@@ -158,6 +161,13 @@ class ClientData:
         ids = self._ids(ids)
         return self._pieces([self._index[i][self._stream(i)[0].random(len(self._index[i])) < rate] for i in ids],
                             share=False)
+
+    def poisson_capacity(self, rate: float) -> int:
+        """A batch size that one client's Poisson batch at ``rate`` exceeds with probability below POISSON_TAIL:
+        passes padded to it keep one shape (a larger draw is padded to its own size: the sampling stays exact)."""
+        if rate not in self._capacity:
+            self._capacity[rate] = int(max(binom.ppf(1 - POISSON_TAIL, len(p), rate) for p in self.parts))
+        return self._capacity[rate]
 
     def _ids(self, ids) -> list[int]:
         """The clients asked for, as host ints (``ids`` are host ids: ``ops.Participation.draw``)."""

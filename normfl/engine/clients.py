@@ -102,17 +102,18 @@ class ClientEngine:
             loss[idx] += w * l
         return G, loss
 
-    def clipped_sums(self, x: torch.Tensor, pieces, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def clipped_sums(self, x: torch.Tensor, pieces, clip: float, capacity: int | None = None):
         """Per client i: sum over the samples s of its piece of ∇ℓ(x_i; s) / max(1, ||∇ℓ(x_i; s)|| / clip),
         and the mean loss (0 for an empty piece). The stacked backend takes every client in one pass; the
-        others loop over clients (Poisson batches differ in size). See ``normfl.engine.clipping``."""
+        others loop over clients (Poisson batches differ in size). ``capacity``: the stacked pass's batch size
+        (``ClientData.poisson_capacity``). Returns ([n, d] sums, [n] losses). See ``normfl.engine.clipping``."""
         flat = self.flat
         sums = torch.zeros(len(pieces), flat.dim, device=x.device, dtype=x.dtype)
         losses = torch.zeros(len(pieces), device=x.device, dtype=x.dtype)
         if not any(len(p[1]) for p in pieces):
             return sums, losses
         if self.backend == "stacked" and self.stacked.norm_layers:
-            return self.stacked.clipped_sums(x, pieces, clip)
+            return self.stacked.clipped_sums(x, pieces, clip, capacity)
         clipped = clipped_by_norms if self.norm_layers else clipped_by_vmap
         for i, (xb, yb, _) in enumerate(pieces):
             if len(yb) == 0:
@@ -150,4 +151,4 @@ class Clients:
         per-sample gradients at x (``[d]`` or one row per client), each clipped to norm ``clip``.
         Returns ([n, d] sums, [n] mean losses, the batches)."""
         batches = self.data.poisson_batches(rate)
-        return (*self.engine.clipped_sums(x, batches, clip), batches)
+        return (*self.engine.clipped_sums(x, batches, clip, self.data.poisson_capacity(rate)), batches)

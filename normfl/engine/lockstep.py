@@ -56,7 +56,8 @@ class SharedClients(Clients):
 
     def clipped_grad_sums(self, x, rate, clip):
         batches = self.data.poisson_batches(rate)
-        return (*self.lockstep.ask(self.slot, ("clip", self, (x, batches, clip))), batches)
+        capacity = self.data.poisson_capacity(rate)
+        return (*self.lockstep.ask(self.slot, ("clip", self, (x, batches, clip, capacity))), batches)
 
 
 class Lockstep:
@@ -179,7 +180,7 @@ def _together(kind: str, requests: list[tuple]) -> list:
     if kind == "clip":                          # each run's own clip norm, one per group
         clips = torch.cat([torch.full((n,), float(r[2][2]), device=X.device) for r, n in zip(requests, sizes,
                                                                                            strict=True)])
-        sums, losses = stacked.clipped_sums(X, piece, clips.double())
+        sums, losses = stacked.clipped_sums(X, piece, clips.double(), max(r[2][3] for r in requests))
         return list(zip(sums.split(sizes), losses.split(sizes), strict=True))
     if stacked.has_batchnorm and not stacked.takes(piece):
         return [_alone(r) for r in requests]

@@ -123,18 +123,19 @@ def grouped(module: nn.Module) -> nn.Module:
     return convert(copy.deepcopy(module), "")
 
 
-def stack_inputs(piece) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def stack_inputs(piece, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(inputs ``[B, G·C, ...]``, labels ``[B, G]``, mask ``[B, G]`` or None) of G clients' batches;
-    batches shorter than the longest are padded with zeros and masked out."""
+    batches shorter than the longest, or than ``capacity`` (a size fixed for a run, so that passes keep
+    one shape), are padded with zeros and masked out."""
     sizes = [len(p[1]) for p in piece]
-    cap = max(sizes)
+    cap = max(max(sizes), capacity or 0)
     if min(sizes) == cap:
         return torch.stack([p[0] for p in piece], 1).flatten(1, 2), torch.stack([p[1] for p in piece], 1), None
     xb = piece[0][0].new_zeros(cap, len(piece), *piece[0][0].shape[1:])
     yb = piece[0][1].new_zeros(cap, len(piece))
     for i, (x, y, _) in enumerate(piece):
         xb[:len(y), i], yb[:len(y), i] = x, y
-    mask = torch.arange(cap, device=yb.device)[:, None] < torch.tensor(sizes, device=yb.device)
+    mask = torch.arange(cap, device=yb.device)[:, None] < torch.tensor(sizes).to(yb.device, non_blocking=True)
     return xb.flatten(1, 2), yb, mask
 
 
@@ -174,10 +175,11 @@ class StackedPass:
         """X ``[n, d]``: x itself, or x repeated for every client; a leaf that gradients can flow to."""
         return (x.detach().expand(n, -1) if x.dim() == 1 else x.detach()).requires_grad_()
 
-    def losses(self, X, piece, stats: dict | None = None):
+    def losses(self, X, piece, stats: dict | None = None, capacity: int | None = None):
         """Each client's mean loss on its batch at its row of X ([G]), and the output ``[B, G, K]``;
-        ``stats``: the clients' copies of the BatchNorm running statistics, updated in place."""
-        return self.losses_stacked(X, *stack_inputs(piece), stats)
+        ``stats``: the clients' copies of the BatchNorm running statistics, updated in place; ``capacity``:
+        see ``stack_inputs``."""
+        return self.losses_stacked(X, *stack_inputs(piece, capacity), stats)
 
     def losses_stacked(self, X, xb, yb, mask, stats: dict | None = None):
         """``losses`` of inputs already stacked (``stack_inputs``)."""
@@ -205,9 +207,9 @@ class StackedPass:
             own.fold()
         return G, loss.detach()
 
-    def clipped_sums(self, x, pieces, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def clipped_sums(self, x, pieces, clip: float, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """DP-SGD's per-sample clipped gradient sums of G clients' batches (``clipping.clipped_by_norms``
-        for all clients in one pass); needs a model of Linear and Conv2d layers only."""
+        for all clients in one pass), padded to ``capacity``; needs a model of Linear and Conv2d layers only."""
         X = self._points(x, len(pieces))
         inputs, outputs = {}, {}
 
@@ -216,7 +218,7 @@ class StackedPass:
 
         hooks = [m.register_forward_hook(keep) for _, m in self.norm_layers]
         try:
-            loss, ce = self.losses(X, pieces)
+            loss, ce = self.losses(X, pieces, capacity=capacity)
         finally:
             for h in hooks:
                 h.remove()

@@ -103,13 +103,13 @@ def _paper(target_id: str) -> pd.DataFrame:
 def _write_table(csv: pd.DataFrame, md: pd.DataFrame, path: Path, title: str, note: str) -> list[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     csv.to_csv(path.with_suffix(".csv"), index=False)
-    body = _markdown(md) if len(md.columns) else "No run finished without diverging."
+    body = markdown_table(md) if len(md.columns) else "No run finished without diverging."
     md = [f"# {title}", "", note, "", body, ""]
     path.with_suffix(".md").write_text("\n".join(md))
     return [path.with_suffix(".md"), path.with_suffix(".csv")]
 
 
-def _markdown(table: pd.DataFrame) -> str:
+def markdown_table(table: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""One command on a GPU machine: the GPU tests, the benchmark and a timed NORMEC pass, into one report.
+
+    python scripts/gpu_check.py [--out DIR]          (make gpu-check)
+
+In order, each with a time limit so that the whole stays under 9 minutes:
+
+1. ``pytest -m gpu`` (tests/test_gpu.py: resume on CUDA, CPU against CUDA with TF32 off, capture against
+   eager, rounds under CUDA's sync debug mode, ...);
+2. ``scripts/bench.py`` on settings A-D (30 rounds each after a warm-up) and 16 runs of A side by side;
+3. one pass of NORMEC's paper setting (α-NormEC, CIFAR-10, 10 clients, batch 32, ``reading=pass``), timed:
+   its time per step, and the paper run of 300 passes (42,000 steps, 300 evaluations) it implies.
+
+Writes DIR/report.md (the device, versions, test outcome, the bench table with each row's phases and its
+agreement with the first backend, the pass) beside DIR/bench.csv, DIR/tests.txt and the pass's run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from normfl.reproduce.figures import markdown_table  # noqa: E402
+
+LIMITS = {"tests": 200, "bench": 240, "pass": 90}          # seconds each; 530 s in all
+TARGETS = ("targets (issue 29, H100): A stacked bf16 <= 4 ms a round; 16 runs side by side <= 2.8 ms per "
+           "run-round; a NORMEC paper run (42,000 steps, 300 evaluations) <= 3 minutes")
+NORMEC_PASS = ["algo=normec", "algo.beta=0.1", "algo.gamma=0.1", "algo.server_norm=false", "reading=pass",
+               "rounds=1", "device=cuda", "backend=stacked", "progress=false", "checkpoint_every=0"]
+
+
+def step(name: str, cmd: list[str], out: Path) -> dict:
+    """Run one part with its time limit; its output goes to ``out / <name>.txt``."""
+    t = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=LIMITS[name])
+        status, text = ("passed" if done.returncode == 0 else f"failed (exit {done.returncode})"), \
+            done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:
+        status, text = f"stopped at its {LIMITS[name]} s limit", f"{err.stdout or ''}{err.stderr or ''}"
+    (out / f"{name}.txt").write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+    return {"status": status, "seconds": time.perf_counter() - t, "tail": str(text)[-1500:]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu-check")
+    args, overrides = ap.parse_known_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if not torch.cuda.is_available():
+        sys.exit("gpu-check needs a CUDA device; torch sees none here")
+    py = sys.executable
+    parts = {
+        "tests": step("tests", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
+                      out),
+        "bench": step("bench", [py, "scripts/bench.py", "--settings", "A", "B", "C", "D", "--together", "16",
+                                "--sweep-rounds", "0", "--out", str(out / "bench.csv"), *overrides], out),
+        "pass": step("pass", [py, "train.py", *NORMEC_PASS, f"hydra.run.dir={out / 'normec-pass'}", *overrides], out),
+    }
+    write_report(out, parts)
+    print(f"written: {out / 'report.md'}")
+
+
+def write_report(out: Path, parts: dict) -> None:
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+    lines = [f"# gpu-check, {time.strftime('%Y-%m-%d %H:%M')}", "",
+             f"{gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}.",
+             "", TARGETS, ""]
+    for name, part in parts.items():
+        lines.append(f"- {name}: {part['status']} in {part['seconds']:.0f} s")
+    lines += ["", "## Tests", "", "```", parts["tests"]["tail"].strip(), "```", ""]
+    bench = out / "bench.csv"
+    if bench.exists():
+        cols = ["setting", "variant", "seconds", "vs_floor", "vs_dense_same_precision", "data_s", "pass_s",
+                "update_s", "other_s", "grad_rel_diff", "update_rel_diff", "per_run", "peak_memory_mb"]
+        df = pd.read_csv(bench)
+        lines += ["## Bench (medians; seconds a round)", "",
+                  markdown_table(df[[c for c in cols if c in df.columns]]), ""]
+    summary = out / "normec-pass" / "summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        per_step = s["seconds_per_round"] / s["steps"]
+        lines += ["## One NORMEC pass", "",
+                  f"{s['steps']} steps in {s['seconds_per_round']:.1f} s (with its evaluation): "
+                  f"{per_step * 1e3:.2f} ms a step; 300 passes would take {300 * s['seconds_per_round'] / 60:.1f} "
+                  f"min. Test accuracy after the pass: {s.get('final_test_acc')}; capture: {s.get('capture')}; "
+                  f"numerics: {s.get('numerics')}.", ""]
+    (out / "report.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
