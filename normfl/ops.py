@@ -213,8 +213,11 @@ def weighted_mean(q: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor | None)
 # -- server steps ---------------------------------------------------------------------------------------------
 
 
-def server_step(x: torch.Tensor, direction: torch.Tensor, step: float, normalized: bool = False) -> torch.Tensor:
-    """x - step * direction, or x - step * direction / ||direction|| with server normalization."""
+def server_step(x: torch.Tensor, direction: torch.Tensor, step, normalized=False) -> torch.Tensor:
+    """x - step * direction, or x - step * direction / ||direction|| with server normalization (row-wise; with
+    runs side by side ``step`` is ``[R, 1]`` and ``normalized`` a ``[R, 1]`` boolean tensor)."""
+    if isinstance(normalized, torch.Tensor):
+        return x - step * torch.where(normalized, normalize(direction), direction)
     return x - step * (normalize(direction) if normalized else direction)
 
 

@@ -214,8 +214,8 @@ def test_full_oracle_with_unequal_shards():
 
 
 def test_clip_factors_survive_float32_overflow():
-    """Squared norms come from one float32 pass; a row whose sum of squares overflows float32 (here 1e30²)
-    is taken again from the row scaled by 2^-64, so it is clipped, not dropped as an infinite norm would be.
+    """Squared norms come from one float32 pass on the CPU; a row whose sum of squares overflows float32 (here
+    1e30²) is redone in float64, so it is clipped, not dropped as an infinite norm would be.
     A norm too small for float32 squares (1e-30) reads as 0: its sample is left unclipped, as the exact norm
     leaves it."""
     t = torch.tensor([[3.0, 4.0, 0.0], [1e30, -1e30, 2.0], [1e-30, 0.0, 0.0]])

@@ -181,3 +181,17 @@ def test_rounds_on_cuda_never_wait_for_the_device(overrides, tmp_path, data_root
             torch.cuda.set_sync_debug_mode(0)
     finally:
         t.rundir.release()
+
+
+def test_squared_norms_on_cuda_accumulate_in_float64_without_a_read():
+    """DP-SGD's per-sample norms on a GPU: one float64-accumulating pass, exact where float32 squares overflow,
+    with no read that makes the host wait."""
+    from normfl.engine import clipping
+
+    t = torch.tensor([[3.0, 4.0, 0.0], [1e30, -1e30, 2.0]], device=CUDA)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sq = clipping.sq_norms(t)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.testing.assert_close(sq.cpu(), t.cpu().double().pow(2).sum(1), rtol=1e-6, atol=0)

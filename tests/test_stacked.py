@@ -66,8 +66,9 @@ def test_stacked_equals_sequential(overrides, tmp_path, data_root):
 
 
 def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkeypatch):
-    """Four runs of different algorithms and settings share one process and one pass per round; each ends
-    as it does alone. A diverging run is recorded as diverged, a crashing one as failed with its error, and
+    """Four runs of different algorithms and settings share one process; each ends as it does alone. The two
+    α-NormEC runs step as one vectorized group (one pass), the others in lockstep (one pass). A diverging run
+    is recorded as diverged, a crashing one as failed with its error, and
     the others go on; a refused run leaves no directory; a finished run is not trained again."""
     passes = []
     grads = StackedPass.grads
@@ -85,7 +86,7 @@ def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkey
         jobs.append((config(data_root, "backend=stacked", *overrides), tmp_path / "together" / name))
     summaries = train_together(jobs)
     assert [s["status"] for s in summaries] == ["completed", "completed", "completed", "diverged", "failed", "refused"]
-    assert passes[0] == 20                                   # the first round: 5 runs x 4 clients in one pass
+    assert passes[:2] == [8, 12]            # the first round: normec-a and -b's pass, then the other three runs' pass
     crashed = json.loads((tmp_path / "together" / "crasher" / "summary.json").read_text())
     assert crashed["status"] == "failed" and "crashed on purpose in round 1" in crashed["error"]
     assert not (tmp_path / "together" / "refused").exists()

@@ -29,13 +29,15 @@ class EF21(GaussianAlgorithm):
         self.ghat = self.g.mean(0)                                                        # ĝ^0 = mean g_i^0
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
+        """The box on one run (G: ``[n, d]``), or on R runs side by side (``run.vectorized``: x ``[R, d]``, G
+        ``[R, n, d]``, the scalars ``[R, 1(, 1)]``): the clients are always axis -2."""
         G, loss = clients.grads(x)                           # 4: local gradients at x^k
         delta = self.bounding(G - self.g)                    # 5: Δ_i = Ψ(∇f_i(x^k) - g_i^k)
         self.g += self.weight * delta                        # 6: g_i^{k+1} = g_i^k + β Δ_i
         sent = self.privatize(delta, k)                      # 7/8: Δ̂_i = Δ_i (+ z_i if private)
-        self.ghat += self.weight * sent.mean(0)              # 10: ĝ^{k+1} = ĝ^k + (β/n) Σ Δ̂_i
+        self.ghat += (self.weight * sent).mean(-2)           # 10: ĝ^{k+1} = ĝ^k + (1/n) Σ β Δ̂_i
         x = server_step(x, self.ghat, self.gamma, self.server_norm)   # 11: x^{k+1} = x^k - γ ĝ(/||ĝ||)
-        return x, {"loss": loss.mean(), "uploads": len(G)}
+        return x, {"loss": loss.mean(-1), "uploads": G.shape[-2]}
 
     def memory_gap(self) -> float:
         return torch.linalg.vector_norm(self.ghat - self.g.mean(0)).item()

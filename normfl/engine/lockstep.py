@@ -131,7 +131,7 @@ class Lockstep:
             together = [i for i in idx if _stackable(requests[i])]
             if len(together) > 1:
                 try:
-                    parts = _together(kind, [requests[i] for i in together])
+                    parts = combined_pass(kind, [requests[i] for i in together])
                 except Exception as err:  # noqa: BLE001 (every run in the pass gets the error)
                     parts = [err] * len(together)
                 for i, part in zip(together, parts, strict=True):
@@ -166,8 +166,9 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.expand(n, -1) if x.dim() == 1 else x
 
 
-def _together(kind: str, requests: list[tuple]) -> list:
-    """One stacked pass for every client of every request; each request's share of the result."""
+def combined_pass(kind: str, requests: list[tuple]) -> list:
+    """One stacked pass for every client of every request (``(kind, clients, args)``, as ``ask`` gets them:
+    one minibatch a client, on the stacked backend); each request's share of the result, or the exception."""
     engines = [r[1].engine for r in requests]
     if kind == "grads":
         pieces = [[b[0] for b in r[2][1]] for r in requests]

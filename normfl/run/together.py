@@ -10,6 +10,7 @@ from pathlib import Path
 from normfl.config import config_key
 from normfl.engine.lockstep import Lockstep
 from normfl.results import record_failure
+from normfl.run import vectorized
 from normfl.run.setup import shared_key
 from normfl.run.training import INPUT_ERRORS, Interrupts, Training, start
 
@@ -56,24 +57,42 @@ def train_together(jobs: list[tuple], max_runs: int = 32, log_name: str = "train
     return results
 
 
-def _side_by_side(trainings: list[Training]) -> None:
-    """Their rounds in lockstep until each is over; a run whose round raises is recorded as failed."""
-    lockstep = Lockstep()
+def _side_by_side(trainings: list[Training], vectorize: bool = True) -> None:
+    """Their rounds until each is over: runs that differ only in scalars as vectorized groups
+    (``run.vectorized``), the others in lockstep; a run whose round raises is recorded as failed."""
+    lockstep, made = Lockstep(), {}
     try:
         with Interrupts() as ctrl_c:
             while active := [t for t in trainings if t.active]:
-                results = lockstep.round([(functools.partial(t.algo.round, t.step, t.x), t.clients) for t in active])
-                for t, result in zip(active, results, strict=True):
-                    if isinstance(result, BaseException):
-                        if not isinstance(result, Exception):
-                            raise result                 # KeyboardInterrupt, SystemExit: stop everything
-                        if not t.read():                 # it had diverged rounds ago, unread: recorded so
-                            continue
-                        t.status, t.active, t.error = "failed", False, repr(result)
-                        t.bar.close()
-                        record_failure(t.out_dir, t.out_dir.name, result, t.key)
-                    else:
-                        t.record(*result)
+                grouped, rest = vectorized.groups(active) if vectorize else ([], active)
+                current = {}
+                for members in grouped:                  # a new membership: its runs' state grouped anew
+                    key = tuple(id(t) for t in members)
+                    current[key] = made.get(key) or vectorized.Group(members)
+                    try:
+                        current[key].round()
+                    except Exception as err:  # noqa: BLE001 (every run of the group fails with it)
+                        for t in members:
+                            _failed(t, err)
+                made = current
+                if rest:
+                    results = lockstep.round([(functools.partial(t.algo.round, t.step, t.x), t.clients) for t in rest])
+                    for t, result in zip(rest, results, strict=True):
+                        if isinstance(result, BaseException):
+                            if not isinstance(result, Exception):
+                                raise result             # KeyboardInterrupt, SystemExit: stop everything
+                            _failed(t, result)
+                        else:
+                            t.record(*result)
                 ctrl_c.stop_if_asked(trainings)
     finally:
         lockstep.close()
+
+
+def _failed(t: Training, err: Exception) -> None:
+    """A run whose round raised: recorded as failed, unless reading its rows shows it had diverged before."""
+    if not t.read():
+        return
+    t.status, t.active, t.error = "failed", False, repr(err)
+    t.bar.close()
+    record_failure(t.out_dir, t.out_dir.name, err, t.key)

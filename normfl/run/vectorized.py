@@ -1,0 +1,97 @@
+"""Runs side by side, vectorized: runs of one error-feedback algorithm that differ only in scalars take each
+round as one.
+
+Runs of α-NormEC or Clip21 (private or not) that share data, model and seed (``setup.SHARED``) and stand at the
+same step differ only in β, γ, α, server normalisation and the noise their privacy settings give. They step
+together: their models are one ``[R, d]`` tensor, their memories ``[R, n, d]`` and ``[R, d]``, the scalars
+``[R, 1, 1]`` (β, α, Ψ's bound) and ``[R, 1]`` (γ, server normalisation) tensors, and the EF21 box
+(``algorithms/ef21.py``, whose clients are axis -2) runs once for all of them. Their clients' gradients come
+from one stacked pass over the R·n clients (``engine.lockstep.combined_pass``: each run's BatchNorm statistics
+stay its own), each run's noise from its own privatizer and generator.
+
+Each run keeps its state as views of the group's, so its metrics, checkpoint and divergence stay its own; when
+a run ends, the others are grouped again. Runs that cannot be grouped so go through ``engine.lockstep``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from normfl.algorithms.ef21 import EF21
+from normfl.engine.lockstep import combined_pass
+from normfl.ops import Bounding
+
+
+def group_key(t) -> tuple | None:
+    """What runs must share to step as one (None: this run cannot): the algorithm's class, whether it is
+    private and who adds the noise, Ψ's kind, the stacked backend with one minibatch a client, and the step it
+    stands at."""
+    a = t.algo
+    if not isinstance(a, EF21) or t.clients.engine.backend != "stacked" or t.clients.data.oracle != "minibatch":
+        return None
+    return type(a), a.private, a.noise_by, a.bounding.kind, t.step
+
+
+def groups(trainings: list) -> tuple[list[list], list]:
+    """The active runs as vectorized groups (two runs or more) and the rest."""
+    by_key: dict = {}
+    rest = []
+    for t in trainings:
+        key = group_key(t)
+        if key is None:
+            rest.append(t)
+        else:
+            by_key.setdefault(key, []).append(t)
+    grouped = [g for g in by_key.values() if len(g) > 1]
+    return grouped, rest + [g[0] for g in by_key.values() if len(g) == 1]
+
+
+class Group:
+    """R runs' EF21 rounds as one (see the module docstring)."""
+
+    def __init__(self, trainings: list):
+        self.trainings = trainings
+        algos = [t.algo for t in trainings]
+        x0 = trainings[0].x
+
+        def column(values, rank: int) -> torch.Tensor:
+            return torch.tensor(values, device=x0.device, dtype=x0.dtype).view(-1, *(1,) * rank)
+
+        box = copy.copy(algos[0])                        # the class and its settings; scalars and state below
+        box.bounding = Bounding(algos[0].bounding.kind, beta=column([a.bounding.beta for a in algos], 2),
+                                alpha=column([a.bounding.alpha for a in algos], 2))
+        box.weight = column([a.weight for a in algos], 2)
+        box.gamma = column([a.gamma for a in algos], 1)
+        box.server_norm = torch.tensor([a.server_norm for a in algos], device=x0.device).view(-1, 1)
+        box.g, box.ghat = torch.stack([a.g for a in algos]), torch.stack([a.ghat for a in algos])
+        for r, a in enumerate(algos):                   # each run's state: views of the group's
+            a.g, a.ghat = box.g[r], box.ghat[r]
+        box.privatize = self.privatize
+        self.box, self.algos = box, algos
+
+    def privatize(self, v: torch.Tensor, k: int) -> torch.Tensor:
+        """Each run's releases through its own privatizer, with its own round-k draws."""
+        if all(a.mech is None for a in self.algos):
+            return v
+        return torch.stack([a.privatize(v[r], k) for r, a in enumerate(self.algos)])
+
+    def grads(self, X: torch.Tensor, batches=None, ids=None):
+        """``[R, n, d]`` gradients and ``[R, n]`` losses: each run's clients on their next batches (drawn from
+        each run's own streams, one gather for all), in one stacked pass."""
+        requests = [("grads", t.clients, (X[r], t.clients.data.next_batches())) for r, t in enumerate(self.trainings)]
+        parts = combined_pass("grads", requests)
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
+        return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+
+    side_by_side = True
+
+    def round(self) -> None:
+        """One round of every run of the group, each recorded by its own ``Training``."""
+        k = self.trainings[0].step
+        X, info = self.box.round(k, torch.stack([t.x for t in self.trainings]), self)
+        for r, t in enumerate(self.trainings):
+            t.record(X[r], {"loss": info["loss"][r], "uploads": info["uploads"]})

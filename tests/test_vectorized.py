@@ -1,0 +1,76 @@
+"""Runs that differ only in scalars step as one (``normfl.run.vectorized``): x as ``[R, d]``, the scalars as
+``[R, 1(, 1)]`` tensors, one EF21 round for all; each run still ends as it does alone, with its own metrics,
+checkpoint and divergence."""
+
+import pytest
+import torch
+
+from normfl.run import run, train_together, vectorized
+from tests.test_stacked import assert_same_run, config
+
+GRIDS = {
+    "normec": [["algo=normec", "algo.beta=0.1", "algo.gamma=0.1"],
+               ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01", "algo.server_norm=false"],
+               ["algo=normec", "algo.beta=0.5", "algo.gamma=0.05", "algo.alpha=0.5"]],
+    "dp": [["algo=dp_normec", "algo.beta=0.1", "privacy.epsilon=8"],
+           ["algo=dp_normec", "algo.beta=0.3", "algo.gamma=0.05", "privacy.epsilon=2"]],
+    "clip21": [["algo=clip21", "algo.beta=0.5"], ["algo=dp_clip21", "algo.beta=1.0"],
+               ["algo=clip21", "algo.beta=2.0", "algo.gamma=0.05"]],
+    "resnet20": [["algo=normec", "algo.beta=0.1"], ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]],
+}
+CIFAR = ["dataset=cifar10", "model=resnet20", "dataset.train_limit=96", "dataset.test_limit=50", "batch_size=8",
+         "clients=3"]
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_runs_that_differ_in_scalars_step_as_one_and_equal_the_runs_alone(grid, tmp_path, data_root, monkeypatch):
+    made = []
+    monkeypatch.setattr(vectorized.Group, "__init__", lambda self, members, real=vectorized.Group.__init__:
+                        (made.append(len(members)), real(self, members))[1])
+    extra = CIFAR if grid == "resnet20" else []
+    jobs = []
+    for i, overrides in enumerate(GRIDS[grid]):
+        (tmp_path / "together" / str(i)).mkdir(parents=True)
+        jobs.append((config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "together" / str(i)))
+    assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(jobs)
+    private = {i for i, o in enumerate(GRIDS[grid]) if "algo=dp_clip21" in o}   # Clip21 and DP-Clip21: apart
+    assert made == [len(jobs) - len(private)]                                  # one group, made once
+    for i, overrides in enumerate(GRIDS[grid]):
+        (tmp_path / "alone" / str(i)).mkdir(parents=True)
+        run(config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "alone" / str(i))
+        assert_same_run(tmp_path / "alone" / str(i), tmp_path / "together" / str(i),
+                        rtol=1e-3 if grid == "resnet20" else 1e-4)
+
+
+def test_a_run_that_diverges_leaves_the_group_and_the_others_go_on(tmp_path, data_root):
+    grid = [["algo=normec", "algo.beta=0.1"], ["algo=normec", "algo.gamma=1e38", "algo.server_norm=false"],
+            ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]]
+    jobs = []
+    for i, overrides in enumerate(grid):
+        (tmp_path / "together" / str(i)).mkdir(parents=True)
+        jobs.append((config(data_root, "backend=stacked", "rounds=5", "eval_every=1", *overrides),
+                     tmp_path / "together" / str(i)))
+    assert [s["status"] for s in train_together(jobs)] == ["completed", "diverged", "completed"]
+    for i in (0, 2):
+        (tmp_path / "alone" / str(i)).mkdir(parents=True)
+        run(config(data_root, "backend=stacked", "rounds=5", "eval_every=1", *grid[i]), tmp_path / "alone" / str(i))
+        assert_same_run(tmp_path / "alone" / str(i), tmp_path / "together" / str(i))
+
+
+def test_a_grouped_run_checkpoints_its_own_state(tmp_path, data_root):
+    """A run's memories are views of its group's; its checkpoint holds copies of its own rows only."""
+    from normfl.run import start
+
+    ts = [start(config(data_root, "backend=stacked", "algo=normec", f"algo.beta={b}"), tmp_path / str(b))
+          for b in (0.1, 1.0)]
+    try:
+        group = vectorized.Group(ts)
+        group.round()
+        assert ts[1].algo.g.data_ptr() == group.box.g[1].data_ptr()
+        state = ts[1].algo.state_dict()
+        assert state["g"].shape == ts[1].algo.g.shape and state["g"].untyped_storage().nbytes() == \
+            state["g"].numel() * state["g"].element_size()
+        assert torch.equal(state["ghat"], group.box.ghat[1])
+    finally:
+        for t in ts:
+            t.rundir.release()
