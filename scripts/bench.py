@@ -131,7 +131,7 @@ class LoggedClients(Clients):
         batches = self.data.poisson_batches(rate)
         self.phases.mark("data", False)
         self.phases.mark("pass", True)
-        out = self.engine.clipped_sums(x, batches, clip, self.data.poisson_capacity(rate))
+        out = self.engine.clipped_sums(x, batches, clip, self.data.pad_to(rate))
         self.phases.mark("pass", False)
         self.log.append(("clip", list(range(len(self.data))), [[p] for p in batches]))
         return (*out, batches)
@@ -157,7 +157,7 @@ class Replay(Clients):
 
     def clipped_grad_sums(self, x, rate, clip):
         pieces = [b[0] for b in self._next(None)]
-        return (*self.engine.clipped_sums(x, pieces, clip, self.data.poisson_capacity(rate)), pieces)
+        return (*self.engine.clipped_sums(x, pieces, clip, self.data.pad_to(rate)), pieces)
 
 
 def agreement(setup, clients, variants, apply, x, k: int, log: list) -> dict[str, dict]:

@@ -9,6 +9,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Runs a test finishes through the reproduction driver are recorded apart from the committed records
 os.environ.setdefault("NORMFL_RECORDS", tempfile.mkdtemp(prefix="normfl-test-records-"))
+# The CPU suite computes on the CPU on a GPU machine too: device=auto reads $NORMFL_DEVICE (subprocesses
+# inherit it); tests/test_gpu.py asks for device=cuda by name
+os.environ["NORMFL_DEVICE"] = "cpu"
 OFFLINE = Path(os.environ.get("NORMFL_OFFLINE_DATA", REPO.parent / "shared" / "data"))
 
 

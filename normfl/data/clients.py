@@ -169,6 +169,12 @@ class ClientData:
             self._capacity[rate] = int(max(binom.ppf(1 - POISSON_TAIL, len(p), rate) for p in self.parts))
         return self._capacity[rate]
 
+    def pad_to(self, rate: float) -> int | None:
+        """The batch size a stacked pass pads Poisson batches at ``rate`` to: ``poisson_capacity`` where a CUDA
+        graph replays passes of one shape; None on other devices, where padding would only add work (setting
+        D on the CPU: 1.4 times the pass)."""
+        return self.poisson_capacity(rate) if self.x.device.type == "cuda" else None
+
     def _ids(self, ids) -> list[int]:
         """The clients asked for, as host ints (``ids`` are host ids: ``ops.Participation.draw``)."""
         if ids is None:

@@ -106,7 +106,7 @@ class ClientEngine:
         """Per client i: sum over the samples s of its piece of ∇ℓ(x_i; s) / max(1, ||∇ℓ(x_i; s)|| / clip),
         and the mean loss (0 for an empty piece). The stacked backend takes every client in one pass; the
         others loop over clients (Poisson batches differ in size). ``capacity``: the stacked pass's batch size
-        (``ClientData.poisson_capacity``). Returns ([n, d] sums, [n] losses). See ``normfl.engine.clipping``."""
+        (``ClientData.pad_to``). Returns ([n, d] sums, [n] losses). See ``normfl.engine.clipping``."""
         flat = self.flat
         sums = torch.zeros(len(pieces), flat.dim, device=x.device, dtype=x.dtype)
         losses = torch.zeros(len(pieces), device=x.device, dtype=x.dtype)
@@ -151,4 +151,4 @@ class Clients:
         per-sample gradients at x (``[d]`` or one row per client), each clipped to norm ``clip``.
         Returns ([n, d] sums, [n] mean losses, the batches)."""
         batches = self.data.poisson_batches(rate)
-        return (*self.engine.clipped_sums(x, batches, clip, self.data.poisson_capacity(rate)), batches)
+        return (*self.engine.clipped_sums(x, batches, clip, self.data.pad_to(rate)), batches)

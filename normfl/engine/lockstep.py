@@ -56,7 +56,7 @@ class SharedClients(Clients):
 
     def clipped_grad_sums(self, x, rate, clip):
         batches = self.data.poisson_batches(rate)
-        capacity = self.data.poisson_capacity(rate)
+        capacity = self.data.pad_to(rate)
         return (*self.lockstep.ask(self.slot, ("clip", self, (x, batches, clip, capacity))), batches)
 
 
@@ -181,7 +181,8 @@ def combined_pass(kind: str, requests: list[tuple]) -> list:
     if kind == "clip":                          # each run's own clip norm, one per group
         clips = torch.cat([torch.full((n,), float(r[2][2]), device=X.device) for r, n in zip(requests, sizes,
                                                                                            strict=True)])
-        sums, losses = stacked.clipped_sums(X, piece, clips.double(), max(r[2][3] for r in requests))
+        capacity = max((r[2][3] or 0 for r in requests), default=0) or None      # the runs' Poisson padding
+        sums, losses = stacked.clipped_sums(X, piece, clips.double(), capacity)
         return list(zip(sums.split(sizes), losses.split(sizes), strict=True))
     if stacked.has_batchnorm and not stacked.takes(piece):
         return [_alone(r) for r in requests]
