@@ -13,6 +13,7 @@ that needs it (the privatizers are in ``normfl.privacy.mechanisms``):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -45,13 +46,30 @@ class Streams:
     same object (what a captured CUDA graph registers). One run's own: runs side by side must not share it."""
 
     def __init__(self, seed: int):
-        self.seed, self.made = seed, {}
+        self.seed, self.made, self.held = seed, {}, False
 
     def __call__(self, stream: int, round_: int, device) -> torch.Generator:
+        """Round ``round_``'s generator of ``stream`` (under ``hold``: as the last ``reseed`` left it)."""
+        device = torch.device(device)
+        if self.held and (stream, device) in self.made:
+            return self.made[stream, device]
+        return self.reseed(stream, round_, device)
+
+    def reseed(self, stream: int, round_: int, device) -> torch.Generator:
         device = torch.device(device)
         if (stream, device) not in self.made:
             self.made[stream, device] = torch.Generator(device=device)
         return self.made[stream, device].manual_seed(round_seed(self.seed, stream, round_))
+
+    @contextlib.contextmanager
+    def hold(self):
+        """Calls return the generators as they stand, unseeded: a captured round seeds them before each
+        replay, and a graph cannot seed them inside."""
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
 
 
 # -- Ψ: bounding operators ---------------------------------------------------------------------------------

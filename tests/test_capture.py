@@ -61,3 +61,37 @@ def test_capture_needs_cuda_and_refuses_on_where_it_cannot():
         cfg = compose("config", overrides=["device=cpu", "capture=on"])
     with pytest.raises(ConfigError, match="capture='on'.*auto or off.*CUDA"):
         validate(cfg)
+
+
+@pytest.mark.parametrize("overrides", [["algo=normec", "model=resnet20", "dataset=cifar10"],
+                                       ["algo=dp_normec", "model=mlp", "dataset=fashion_mnist"],
+                                       ["algo=dp_clip21", "model=mlp", "dataset=fashion_mnist", "reading=pass",
+                                        "rounds=1"]])
+def test_a_whole_round_on_static_buffers_equals_the_algorithms_round(overrides, tmp_path, data_root):
+    """The round a CUDA graph replays (the pass, the fold, Ψ, the memories, the noise from a generator seeded
+    outside it, the server step) run eagerly on its buffers ends where the algorithm's own round ends, bit for
+    bit, step after step; the run's summary says how its rounds ran."""
+    from hydra import compose, initialize_config_dir
+
+    from normfl.engine.capture import CapturedRound
+    from normfl.run import start
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfgs = [compose("config", overrides=[*overrides, "backend=stacked", f"capture={c}", "dataset.train_limit=400",
+                                             "dataset.test_limit=50", "clients=4", "batch_size=8", "rounds=5",
+                                             f"data_root={data_root}", "progress=false", "checkpoint_every=0"])
+                for c in ("auto", "off")]
+    whole, plain = (start(cfg, tmp_path / name) for cfg, name in zip(cfgs, ("whole", "plain"), strict=True))
+    try:
+        assert isinstance(whole.round, CapturedRound) and not isinstance(plain.round, CapturedRound)
+        for _ in range(4):
+            xs = [t.round(t.step, t.x, t.clients) for t in (whole, plain)]
+            assert torch.equal(xs[0][0], xs[1][0]) and torch.equal(xs[0][1]["loss"], xs[1][1]["loss"])
+            for t, (x, info) in zip((whole, plain), xs, strict=True):
+                t.record(x, info)
+        for a, b in zip(whole.setup.flat.module.buffers(), plain.setup.flat.module.buffers(), strict=True):
+            assert torch.equal(a, b)
+        assert whole.round.captured().startswith("whole round eager on static buffers (CUDA graphs need")
+    finally:
+        for t in (whole, plain):
+            t.rundir.release()

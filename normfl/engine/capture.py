@@ -23,6 +23,7 @@ import logging
 import torch
 
 from normfl.engine.batchnorm import ClientStats
+from normfl.ops import NOISE
 
 log = logging.getLogger(__name__)
 CAPTURES = ("auto", "on", "off")
@@ -66,17 +67,22 @@ class StaticPass:
         """Whether these batches have one shape (a static pass needs no padding mask)."""
         return len({(tuple(p[0].shape), tuple(p[1].shape)) for p in piece}) == 1
 
-    def __call__(self, x: torch.Tensor, piece) -> tuple[torch.Tensor, torch.Tensor]:
+    def load(self, x: torch.Tensor, piece) -> _Buffers:
+        """The buffers of this shape of pass, holding the step's points and batches (copied: outside a graph)."""
         n = len(piece)
         key = (n, tuple(piece[0][0].shape), piece[0][0].dtype, tuple(piece[0][1].shape))
         if key not in self.buffers:
             xb0, yb0 = _stacked(piece)
             self.buffers[key] = _Buffers(self.stacked, n, xb0, yb0, self.stacked.flat.dim)
         buf = self.buffers[key]
-        with torch.no_grad():                            # the step's inputs, into the buffers
+        with torch.no_grad():
             buf.X.copy_(x.expand(n, -1) if x.dim() == 1 else x)
             torch.stack([p[0] for p in piece], 1, out=buf.xb.view(len(piece[0][1]), n, *piece[0][0].shape[1:]))
             torch.stack([p[1] for p in piece], 1, out=buf.yb)
+        return buf
+
+    def __call__(self, x: torch.Tensor, piece) -> tuple[torch.Tensor, torch.Tensor]:
+        buf = self.load(x, piece)
         if buf.graph is not None:
             buf.graph.replay()
         elif self.capture and buf.steps >= WARMUP:
@@ -88,7 +94,8 @@ class StaticPass:
         return buf.G.clone(), buf.loss.clone()           # the caller's own: the next step overwrites the buffers
 
     def _pass(self, buf: _Buffers) -> None:
-        """The step a graph records: the clients' losses and gradients at X on the buffered batches."""
+        """The step a graph records: the clients' losses and gradients at X on the buffered batches, into
+        ``buf.G`` and ``buf.loss``."""
         stats = buf.stats.fill() if buf.stats is not None else None
         loss, _ = self.stacked.losses_stacked(buf.X, buf.xb, buf.yb, None, stats)
         (G,) = torch.autograd.grad(loss.sum(), buf.X)
@@ -123,6 +130,89 @@ class StaticPass:
             loss.copy_(out.detach())
         buf.graph = graph
         log.info("captured the stacked pass of %d clients (batch %s) in a CUDA graph", buf.n, tuple(buf.xb.shape))
+
+
+class _Loaded:
+    """The clients inside a captured round: their batches already in the static pass's buffers; ``grads(x)``
+    puts x in the buffers and runs the pass (no draw, no copy from a tensor made outside the graph)."""
+
+    side_by_side = True
+
+    def __init__(self, static: StaticPass, buf: _Buffers):
+        self.static, self.buf = static, buf
+
+    def grads(self, x: torch.Tensor, batches=None, ids=None):
+        with torch.no_grad():
+            self.buf.X.copy_(x.expand(self.buf.n, -1))
+        self.static._pass(self.buf)
+        return self.buf.G, self.buf.loss
+
+
+class CapturedRound:
+    """A whole round of an error-feedback algorithm (α-NormEC, Clip21: one stacked pass, then vector work)
+    replayed from one CUDA graph. Outside the graph, each round the host draws the clients' batches, the device
+    gathers them into the static pass's buffers, x goes into a buffer of its own and the noise generator is
+    reseeded for the round (``ops.Streams.hold``: the graph replays it from its seed and offset); the graph
+    holds the pass, the BatchNorm fold, Ψ, the memories, the noise and the server step, and writes the new x
+    and the loss at fixed addresses. Eager (``capture=False``, a CPU) it runs the same body on the same buffers:
+    the numbers of the algorithm's own round, bit for bit (``tests/test_capture.py``)."""
+
+    def __init__(self, algo, static: StaticPass, capture: bool, why_eager: str | None = None):
+        self.algo, self.static, self.capture, self.why_eager = algo, static, capture, why_eager
+        self.graph, self.steps, self.x_in, self.out = None, 0, None, None
+
+    def captured(self) -> str:
+        """How the rounds ran, for a run's summary."""
+        if self.graph is not None:
+            return "whole round replayed from a CUDA graph"
+        return f"whole round eager on static buffers ({self.why_eager or 'not yet past its warm-up'})"
+
+    def __call__(self, k: int, x: torch.Tensor, clients) -> tuple[torch.Tensor, dict]:
+        piece = [b[0] for b in clients.data.next_batches()]    # host draws, device gather: outside the graph
+        buf = self.static.load(x, piece)
+        if self.x_in is None:
+            self.x_in = x.detach().clone()
+        else:
+            self.x_in.copy_(x)
+        gen = self.algo.generator.reseed(NOISE, k, x.device) if self.algo.mech is not None else None
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.capture and self.steps >= WARMUP:
+            self._record(k, buf, gen)
+            self.graph.replay()
+        else:
+            self._eager(k, buf)
+        self.steps += 1
+        x_new, loss = self.out
+        return x_new.clone(), {"loss": loss.clone(), "uploads": len(piece)}
+
+    def _body(self, k: int, buf: _Buffers) -> None:
+        with self.algo.generator.hold():
+            x_new, info = type(self.algo).round(self.algo, k, self.x_in, _Loaded(self.static, buf))
+        if self.out is None:
+            self.out = (x_new, info["loss"])
+        else:                                            # eager rounds write where the graph will
+            self.out[0].copy_(x_new)
+            self.out[1].copy_(info["loss"])
+
+    def _eager(self, k: int, buf: _Buffers) -> None:
+        if not self.capture:
+            self._body(k, buf)
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._body(k, buf)
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def _record(self, k: int, buf: _Buffers, gen) -> None:
+        graph = torch.cuda.CUDAGraph()
+        if gen is not None:
+            graph.register_generator_state(gen)
+        with torch.cuda.graph(graph):
+            self._body(k, buf)
+        self.graph = graph
+        log.info("captured a whole %s round (%d clients) in a CUDA graph", self.algo.name, buf.n)
 
 
 def _stacked(piece) -> tuple[torch.Tensor, torch.Tensor]:

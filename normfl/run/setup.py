@@ -13,10 +13,12 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from normfl.algorithms.ef21 import EF21
 from normfl.config import ConfigError, resolve_clients, validate_data
 from normfl.data import ClientData, Preprocess, client_test_split
 from normfl.data.clients import Batches
 from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
+from normfl.engine.capture import CapturedRound
 from normfl.engine.flat import device_name, set_numerics
 from normfl.privacy import Privacy
 
@@ -143,6 +145,16 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
         raise ConfigError("backend", "stacked", "sequential or auto: clients' batches differ in size, and a "
                           "model with BatchNorm needs equal batches to run them side by side")
     return Setup(device, ds, parts, flat, x, algo, prep, x_test, y_test, clients, steps)
+
+
+def round_of(algo, clients: Clients):
+    """The run's round: for α-NormEC and Clip21 on the stacked backend with equal minibatches, the whole round
+    on static buffers (``engine.capture.CapturedRound``: one CUDA graph on a GPU); otherwise the algorithm's."""
+    engine, data = clients.engine, clients.data
+    if (engine.static is None or engine.backend != "stacked" or not isinstance(algo, EF21)
+            or data.oracle != "minibatch" or not data.uniform()):
+        return algo.round
+    return CapturedRound(algo, engine.static, engine.static.capture, engine.why_eager)
 
 
 def algo_keys(target: str) -> list[str]:

@@ -28,7 +28,7 @@ from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
 from normfl.results import Recorder, finished
 from normfl.run.rundir import RunDir
-from normfl.run.setup import Setup, build
+from normfl.run.setup import Setup, build, round_of
 from normfl.syncs import reading
 
 log = logging.getLogger("normfl")
@@ -46,6 +46,7 @@ class Training:
         self.cfg, self.out_dir, self.key, self.t_start, self.setup = cfg, Path(out_dir), key, t_start, setup
         self.rundir = rundir
         self.algo, self.clients, self.x, flat = setup.algo, setup.clients, setup.x, setup.flat
+        self.round = round_of(self.algo, self.clients)      # the algorithm's round, or that round captured whole
         label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
             self.out_dir / "partition.csv")
         self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
@@ -195,7 +196,8 @@ class Training:
             "split": s.ds.split, "train_size": len(s.ds.y_train), "test_size": len(s.ds.y_test),
             "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "dim": s.flat.dim,
             "backend": self.clients.engine.backend, "precision": cfg.precision, "device": str(s.device),
-            "numerics": numerics(), "capture": self.clients.engine.captured(),
+            "numerics": numerics(),
+            "capture": getattr(self.round, "captured", self.clients.engine.captured)(),
             "threads": torch.get_num_threads(),
             "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "private": self.algo.private,
             "reading": cfg.get("reading", "text"), "steps": self.step, "steps_per_round": s.steps_per_round,
@@ -264,7 +266,7 @@ def run(cfg: DictConfig, out_dir: Path, **kw) -> dict:
         with Interrupts() as ctrl_c:
             while t.active:
                 try:
-                    t.record(*t.algo.round(t.step, t.x, t.clients))
+                    t.record(*t.round(t.step, t.x, t.clients))
                 except Exception:
                     if t.read():                 # not a run that diverged rounds ago, unread: a failure
                         raise
