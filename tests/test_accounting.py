@@ -76,3 +76,25 @@ def test_privacy_upload_std_by_accountant(monkeypatch, tmp_path):
     assert pld_cal.upload_std(0.1, 0.1, 300) == pytest.approx(0.1 * z)
     assert z > paper.noise_multiplier(300)                   # the paper's noise does not certify ε = 8
     assert Privacy(calibration="accountant", accountant="paper").upload_std(1, 1, 300) == paper.upload_std(1, 1, 300)
+
+
+def test_partial_participation_charges_every_round_unless_amplification_is_claimed():
+    """DP-Fed-α-NormEC at p = 0.25 (issue 30.6): without ``privacy.amplification`` its ledger certifies what R
+    unsampled Gaussian releases of its noise multiplier cost (RDP ε = 87.8, dp-accounting's own composition),
+    not the amplified 15.1; with it, the Poisson-subsampled cost. Read from the ledger, not from describe()."""
+    import torch
+
+    from normfl.algorithms import FedNormEC
+
+    spent = {}
+    for amp in (False, True):
+        algo = FedNormEC(0.1, 0.01, 0.01, p=0.25, private=True)
+        algo.setup(torch.zeros(3), 20, 300, Privacy(amplification=amp), 0)
+        spent[amp] = algo.spent(300)["eps_rdp"]
+        z = algo.noise_multiplier
+    orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [128, 256, 512]
+    plain = rdp.RdpAccountant(orders).compose(dpa.GaussianDpEvent(z), 300).get_epsilon(1e-5)
+    sampled = rdp.RdpAccountant(orders).compose(dpa.PoissonSampledDpEvent(0.25, dpa.GaussianDpEvent(z)),
+                                                300).get_epsilon(1e-5)
+    assert spent[False] == pytest.approx(plain, rel=1e-3) and spent[False] == pytest.approx(87.82, abs=0.05)
+    assert spent[True] == pytest.approx(sampled, rel=1e-3) and spent[True] < spent[False] / 5

@@ -41,12 +41,26 @@ def test_same_seed_gives_identical_metrics_and_parameters(algo, backend, tmp_pat
 
 
 def test_client_sampling_is_shared_across_algorithms():
-    """Participation depends only on (seed, round): algorithms run with the same seed see the same
-    clients each round (FedAvg's cohort, NormFedAvg's r of n, Fed-α-NormEC's Bernoulli draws)."""
+    """Participation depends only on (seed, round): algorithms set up with the same seed see the same
+    clients each round (FedAvg's cohort and NormFedAvg's r of n; Fed-α-NormEC's and FedAvg's Bernoulli
+    draws), another seed other clients, and the draws are the documented ones."""
+    from normfl.algorithms import FedAvg, FedNormEC, NormFedAvg
+    from normfl.privacy import Privacy
+
+    def made(algo, seed=3, n=50):
+        algo.setup(torch.zeros(4), n, 5, Privacy(), seed)
+        return algo
+
+    fedavg = made(FedAvg(0.1, 0.1, participation="cohort", cohort_size=25))
+    nfa = made(NormFedAvg(0.01, beta=[[0, 0.1]], cohort_size=25))
+    bern = [made(FedNormEC(0.1, 0.1, p=0.25), n=20), made(FedAvg(0.1, 0.1, p=0.25), n=20)]
+    other = made(FedAvg(0.1, 0.1, participation="cohort", cohort_size=25), seed=4)
     for k in range(5):
-        assert torch.equal(cohort(50, 25, 3, k), cohort(50, 25, 3, k))
-        assert torch.equal(bernoulli_weights(20, 0.25, 3, k), bernoulli_weights(20, 0.25, 3, k))
-    assert not torch.equal(cohort(50, 25, 3, 0), cohort(50, 25, 4, 0))
+        ids = fedavg.sampling.draw(k, "cpu").ids
+        assert torch.equal(ids, nfa.sampling.cohort(k)) and torch.equal(ids, cohort(50, 25, 3, k))
+        assert not torch.equal(ids, other.sampling.draw(k, "cpu").ids)
+        q = [a.sampling.draw(k, "cpu").q for a in bern]
+        assert torch.equal(q[0], q[1]) and torch.equal(q[0], bernoulli_weights(20, 0.25, 3, k))
 
 
 @pytest.mark.parametrize("overrides", [["algo=dp_fed_normec"], ["algo=dpfl", "model=cnn", "model.hidden=32"]])

@@ -224,3 +224,46 @@ def test_disk_memories_survive_a_checkpoint(monkeypatch):
     for k in range(5, 10):
         y, _ = second.round(k, y, Quadratic(centers))
     assert torch.equal(x, y) and torch.equal(whole.v[None], second.v[None])
+
+
+# -- partial participation, checked by value (issue 30.6: four one-line bugs at p < 1 survived the suite) -----
+
+def test_central_noise_under_partial_participation_is_one_draw_divided_by_p_n():
+    """Central DP-FedAvg at p = 0.25: the server adds S z to the participants' sum and divides by p·n, so with
+    zero updates the step is noise of std S z / (p n) = 2 / 10; dividing by n instead (p times too little
+    noise) would give 2 / 40."""
+    n, d = 40, 20_000
+    algo = FedAvg(1.0, 1.0, 0.0, bounding="clip", noise_by="server", private=True, p=0.25)
+    algo.setup(torch.zeros(d), n, 300, Privacy(noise_multiplier_override=2.0), 0)
+    x, info = algo.round(0, torch.zeros(d), Quadratic(torch.zeros(n, d)))
+    assert 0 < info["uploads"] < n
+    assert x.std().item() == pytest.approx(2.0 / (0.25 * n), rel=0.03)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.25])
+def test_fedavg_steps_eta_times_the_weighted_mean_of_the_bounded_updates(p):
+    """One FedAvg round by hand at p < 1 and η ≠ γ: x¹ = x⁰ - η (1/n) Σ_i q_i β Norm_α(∇f_i(x⁰)), q_i = 1/p for
+    the round's participants (drawn on the host from (seed, round)), 0 for the others."""
+    n, d, gamma, beta, alpha, eta = 12, 5, 0.1, 0.3, 0.01, 0.7
+    centers = torch.randn(n, d, generator=torch.Generator().manual_seed(8), dtype=F64)
+    x0 = torch.ones(d, dtype=F64)
+    algo = FedAvg(gamma, beta, alpha, eta=eta, p=p, bounding="norm")
+    algo.setup(x0, n, 1, NOPRIV, seed=5)
+    x1, info = algo.round(0, x0, Quadratic(centers))
+    q = bernoulli_weights(n, p, seed=5, round_=0).to(F64)
+    want = x0 - eta * (q[:, None] * beta * norm_alpha(x0 - centers, alpha)).mean(0)
+    assert 0 < info["uploads"] == int((q > 0).sum()) < n
+    torch.testing.assert_close(x1, want, rtol=0, atol=1e-14)
+
+
+def test_a_weighted_mean_over_participants_keeps_their_weights():
+    """(1/n) Σ_i q_i u_i from the participants' rows alone equals the sum over all n rows, absent clients 0."""
+    from normfl.ops import participants, weighted_mean
+
+    q = cohort_weights(10, 4, seed=3, round_=1).to(F64)              # 2.5 for the cohort
+    ids = participants(q)
+    rows = torch.randn(len(ids), 6, generator=torch.Generator().manual_seed(9), dtype=F64)
+    dense = torch.zeros(10, 6, dtype=F64)
+    dense[ids] = rows
+    torch.testing.assert_close(weighted_mean(q, rows, ids), (q[:, None] * dense).mean(0), rtol=0, atol=1e-15)
+    torch.testing.assert_close(weighted_mean(q, rows, ids), 2.5 * rows.sum(0) / 10, rtol=0, atol=1e-15)
