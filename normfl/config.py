@@ -128,6 +128,9 @@ def validate(cfg: DictConfig) -> None:
         why_not = capturable(pick_device(cfg.device.name), bool(cfg.get("deterministic", False)))
         if why_not:
             raise ConfigError("capture", "on", f"auto or off ({why_not})")
+        if cfg.backend not in ("stacked", "auto"):
+            raise ConfigError("capture", "on", f"auto or off with backend={cfg.backend} (only the stacked pass is "
+                              "captured: backend=stacked)")
     _choice(cfg, "reading", READINGS)
     if _get(cfg, "reading") == "pass":
         if cfg.oracle != "minibatch":

@@ -95,3 +95,16 @@ def test_a_whole_round_on_static_buffers_equals_the_algorithms_round(overrides, 
     finally:
         for t in (whole, plain):
             t.rundir.release()
+
+
+def test_capture_on_refuses_a_backend_it_cannot_capture(data_root, monkeypatch):
+    """capture=on names what stands in the way: here the backend (the device check passes, as on a GPU)."""
+    from hydra import compose, initialize_config_dir
+
+    from normfl import config
+
+    monkeypatch.setattr(config, "capturable", lambda device, deterministic: None)
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["device=cpu", "capture=on", "backend=sequential"])
+    with pytest.raises(ConfigError, match="only the stacked pass is captured"):
+        config.validate(cfg)

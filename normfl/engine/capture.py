@@ -40,6 +40,8 @@ def capturable(device: torch.device, deterministic: bool) -> str | None:
         return f"CUDA graphs need a CUDA device; this run computes on {device.type}"
     if deterministic:
         return "deterministic=true: some of cuDNN's deterministic kernels synchronise, which a capture forbids"
+    if not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
+        return f"torch {torch.__version__} cannot register a generator with a CUDA graph (torch >= 2.5 can)"
     return None
 
 

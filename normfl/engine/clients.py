@@ -47,7 +47,7 @@ class ClientEngine:
                              "as model=mlp, logreg build")
         if backend == "stacked" and self.stacked is None:
             raise ValueError(f"stacked cannot run this model group by group: {self.not_stackable}")
-        self.static, self.capture = None, capture              # the stacked pass on static buffers (capture)
+        self.static, self.capture, self.why_eager = None, capture, None   # the stacked pass on static buffers
         if capture != "off" and self.stacked is not None:
             self.why_eager = capturable(flat.device, torch.are_deterministic_algorithms_enabled())
             self.static = StaticPass(self.stacked, capture=self.why_eager is None)

@@ -139,6 +139,10 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
         engine.backend = choose_backend(engine, x, clients.peek(range(min(len(data), 64))),
                                         _backend_key(cfg, flat.dim, device))
+    if device.type == "cuda" and cfg.get("capture", "auto") != "off" and (engine.backend != "stacked"
+                                                                         or engine.why_eager):
+        log.info("capture: rounds run eagerly (%s)", engine.why_eager or f"backend={engine.backend}: only the "
+                 "stacked pass is captured")
     elif cfg.backend == "vmap" and not data.uniform():
         raise ConfigError("backend", "vmap", "sequential or auto: clients' batches differ in size")
     elif cfg.backend == "stacked" and engine.stacked.has_batchnorm and not data.uniform():
