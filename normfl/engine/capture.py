@@ -1,4 +1,5 @@
-"""The stacked pass on buffers made once, so that a CUDA graph can replay it (``capture``).
+"""The stacked pass, and a whole error-feedback round, on buffers made once, so that a CUDA graph can replay
+them (``capture``).
 
 A graph replays the kernels it recorded on the memory it recorded them on. ``StaticPass`` therefore keeps,
 per shape of pass (clients, batch, sample shape), the clients' points ``X [n, d]``, their stacked inputs
@@ -12,8 +13,12 @@ into the model's buffers, through ``ClientStats``' buffers) always at the same a
   autograd engine settle there), one step is recorded in a ``torch.cuda.CUDAGraph``; every later step copies
   its inputs and replays it.
 
+``CapturedRound`` goes further for α-NormEC and Clip21: the pass and the algorithm's vector work around it
+in one graph, the batches and the noise seed set outside it before each replay.
+
 What cannot be captured runs eagerly (``capturable`` says why): a pass whose batches differ in size (DP-SGD's
-Poisson batches, uneven shards), deterministic mode (some of cuDNN's deterministic kernels sync).
+Poisson batches, uneven shards), and ``deterministic=true``, whose promise (a rerun repeats every bit) is
+made for eager rounds only.
 """
 
 from __future__ import annotations
@@ -30,18 +35,14 @@ CAPTURES = ("auto", "on", "off")
 WARMUP = 3          # eager steps before a capture
 
 
-class NotCapturable(ValueError):
-    """A setting whose steps cannot be recorded once and replayed."""
-
-
 def capturable(device: torch.device, deterministic: bool) -> str | None:
     """Why a run on ``device`` cannot capture its pass (None: it can)."""
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device; this run computes on {device.type}"
     if deterministic:
-        return "deterministic=true: some of cuDNN's deterministic kernels synchronise, which a capture forbids"
+        return "deterministic=true: its rerun-repeats-every-bit promise is made for eager rounds"
     if not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
-        return f"torch {torch.__version__} cannot register a generator with a CUDA graph (torch >= 2.5 can)"
+        return f"torch {torch.__version__} cannot register a generator with a CUDA graph"
     return None
 
 
