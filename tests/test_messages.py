@@ -162,3 +162,27 @@ def test_the_log_line_and_the_privacy_block(tmp_path, data_root):
 def test_every_private_algorithm_says_what_its_noise_is_on():
     for cls in (NormEC, Clip21, DPSGDNorm, FedNormEC, FedAvg, NormFedAvg, DPFL):
         assert cls.noise_target is not Algorithm.noise_target, cls.__name__
+
+
+@pytest.mark.parametrize("norm, private", [("batch", True), ("group", True), ("batch", False)])
+def test_a_private_run_with_batchnorm_says_what_its_certificate_does_not_cover(norm, private, tmp_path, data_root,
+                                                                             caplog):
+    """Issue 30.4: BatchNorm's running statistics reach the global model without noise. A private ResNet20 run
+    with BatchNorm says so before its first round and in its summary; GroupNorm, or no privacy, says nothing."""
+    import logging
+
+    from normfl.run import run
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["algo=dp_normec" if private else "algo=normec", "model=resnet20",
+                                           f"model.norm={norm}", "dataset=cifar10", "dataset.train_limit=64",
+                                           "dataset.test_limit=20", "clients=2", "batch_size=8", "rounds=1",
+                                           "progress=false", f"data_root={data_root}"])
+    with caplog.at_level(logging.WARNING, logger="normfl"):
+        summary = run(cfg, tmp_path / "run")
+    said = [r.getMessage() for r in caplog.records if "BatchNorm running statistics" in r.getMessage()]
+    if norm == "batch" and private:
+        assert "no certificate covers them" in summary["privacy"]["not_covered"] and len(said) == 1
+        assert "model.norm=group" in said[0]
+    else:
+        assert not said and (summary["privacy"] is None or summary["privacy"]["not_covered"] is None)

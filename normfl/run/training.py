@@ -23,6 +23,7 @@ import normfl
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, resolve_clients, validate
 from normfl.data import label_histogram
+from normfl.engine.batchnorm import tracked
 from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
@@ -72,6 +73,9 @@ class Training:
         self.active = self.k < cfg.rounds
         self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
                         dynamic_ncols=True)
+        self.uncovered = uncovered(flat.module) if self.algo.private else None
+        if self.uncovered:
+            log.warning("privacy: %s", self.uncovered)
         if self.algo.private:                                # said before the first round, and again at the end
             releases = self.algo.planned_releases(cfg.rounds * setup.steps_per_round)
             self.warn_privacy(planned_spent(self.algo.ledger, releases, self.algo.privacy.epsilon), "will certify")
@@ -201,7 +205,8 @@ class Training:
             "threads": torch.get_num_threads(),
             "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "private": self.algo.private,
             "reading": cfg.get("reading", "text"), "steps": self.step, "steps_per_round": s.steps_per_round,
-            "privacy": self.algo.privacy_report(self.step) if self.algo.private else None,
+            "privacy": ({**self.algo.privacy_report(self.step), "not_covered": self.uncovered}
+                        if self.algo.private else None),
             "wall_time_s": time.perf_counter() - self.t_start,
             "seconds_per_round": (time.perf_counter() - self.t0) / max(1, self.rec.rows[-1]["round"]),
             "peak_rss_mb": peak_rss_mb(),
@@ -211,6 +216,16 @@ class Training:
         if self.algo.private:
             self.warn_privacy(summary["privacy"], "certifies")
         return summary
+
+
+def uncovered(module) -> str | None:
+    """What a private run's certificate does not cover in its model, or None: BatchNorm's running statistics,
+    which the clients' batches update and the evaluated model carries, with no noise and no bound."""
+    if not tracked(module):
+        return None
+    return ("the model's BatchNorm running statistics are updated from the clients' batches and enter the "
+            "global model without noise: no certificate covers them, and a canary on the parameters cannot see "
+            "them (model.norm=group avoids them)")
 
 
 def planned_spent(ledger, releases: int, target: float) -> dict:
