@@ -24,7 +24,8 @@ def snapshot(run, wall_time_s: float) -> dict:
     return {"x": run.x, "sent": run.sent, "rows": run.rec.rows, "algo": run.algo.state_dict(),
             "data": run.clients.data.state_dict(), "buffers": run.setup.flat.buffers(),
             "backend": run.clients.engine.backend, "wall_time_s": wall_time_s,
-            "step": run.step, "losses": [float(v) for v in run.losses], "uploads": run.uploads}
+            "step": run.step, "losses": [float(v) for v in run.losses], "uploads": run.uploads,
+            "audit": None if run.audit is None else (run.audit.scores, run.audit.steps)}
 
 
 def restore(run, state: dict) -> None:
@@ -34,6 +35,8 @@ def restore(run, state: dict) -> None:
     run.clients.data.load_state_dict(state["data"])
     run.setup.flat.set_buffers(state["buffers"])
     run.clients.engine.backend = state["backend"]
+    if run.audit is not None and state.get("audit") is not None:       # the canaries' scores so far
+        run.audit.scores, run.audit.steps = state["audit"][0].to(run.x.device), state["audit"][1]
 
 
 def save(out_dir: Path, key: str, state: dict) -> None:

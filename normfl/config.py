@@ -124,6 +124,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "precision", PRECISIONS, optional=False)
     _choice(cfg, "deterministic", (True, False))
     _choice(cfg, "capture", CAPTURES)
+    _validate_audit(cfg)
     if _get(cfg, "capture") == "on":
         why_not = capturable(pick_device(cfg.device.name), bool(cfg.get("deterministic", False)))
         if why_not:
@@ -309,6 +310,23 @@ def _validate_dpfl(cfg: DictConfig) -> None:
         raise ConfigError("model.norm", "batch", "group (DP-SGD's per-sample gradients are undefined with BatchNorm)")
 
 
+AUDITED = ("normfl.algorithms.NormEC", "normfl.algorithms.Clip21", "normfl.algorithms.FedNormEC",
+           "normfl.algorithms.FedAvg")          # client-level Gaussian with client noise (normfl.privacy.canaries)
+
+
+def _validate_audit(cfg: DictConfig) -> None:
+    _number(cfg, "audit.canaries", lambda v: v >= 0 and v % 2 == 0, "an even integer >= 0 (0: no audit; half "
+            "the canaries in, half out)", integer=True, optional=True)
+    n = _get(cfg, "audit.canaries")
+    if not n:
+        return
+    if not _get(cfg, "algo.private"):
+        raise ConfigError("audit.canaries", n, "0 for a run without privacy (nothing to audit)")
+    if _get(cfg, "algo._target_") not in AUDITED or (_get(cfg, "algo.noise_by") or "client") != "client":
+        raise ConfigError("audit.canaries", n, "0 here: the family audited so far is client-level Gaussian noise "
+                          "added by each client (dp_normec, dp_clip21, dp_fed_normec, dp_fedavg algo.noise_by=client)")
+
+
 def validate_data(cfg: DictConfig, parts) -> None:
     """Checks on the partition, still before training."""
     if len(parts) != cfg.clients:
@@ -326,7 +344,7 @@ def validate_data(cfg: DictConfig, parts) -> None:
 # What does not change what a run computes: left out of its key (the run store's folder names, and
 # the check that a checkpoint or a finished run in a folder belongs to the config asking for it).
 NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "data_root", "offline_data",
-              "save_params", "checkpoint_every", "resume", "deterministic", "capture")
+              "save_params", "checkpoint_every", "resume", "deterministic", "capture", "audit")
 
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
                 "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False}

@@ -27,6 +27,7 @@ from normfl.engine.batchnorm import tracked
 from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
+from normfl.privacy.canaries import ClientCanaries
 from normfl.results import Recorder, finished
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build, round_of
@@ -74,6 +75,9 @@ class Training:
         self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
                         dynamic_ncols=True)
         self.uncovered = uncovered(flat.module) if self.algo.private else None
+        canaries = cfg.get("audit", {}).get("canaries", 0)
+        self.audit = ClientCanaries(self.algo, canaries, flat.dim, cfg.seed, setup.device, self.x.dtype) \
+            if canaries else None
         if self.uncovered:
             log.warning("privacy: %s", self.uncovered)
         if self.algo.private:                                # said before the first round, and again at the end
@@ -122,6 +126,8 @@ class Training:
         cfg, k, self.x, self.step = self.cfg, self.k, x, self.step + 1
         self.sent += info["uploads"]
         self.uploads += info["uploads"]
+        if self.audit is not None:                          # canaries beside the step, on their own draws
+            self.audit.observe(self.step)
         finite = torch.isfinite(x).all()                    # a model or loss that is not finite: diverged
         if info["loss"] is not None:
             self.losses.append(info["loss"])
@@ -194,6 +200,8 @@ class Training:
             with open(tmp, "wb") as fh:
                 np.save(fh, x.cpu().numpy())
             tmp.replace(self.out_dir / "params.npy")
+        privacy = {**self.algo.privacy_report(self.step), "not_covered": self.uncovered} if self.algo.private else None
+        audit = self.audit.result(certified(privacy)[0], self.algo.privacy.delta) if self.audit is not None else None
         summary = self.rec.summary({
             "status": self.status, "config_key": self.key, "profile": cfg.profile, "algo": cfg.algo.name,
             "data": s.ds.label, "data_source": s.ds.source,
@@ -205,8 +213,7 @@ class Training:
             "threads": torch.get_num_threads(),
             "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "private": self.algo.private,
             "reading": cfg.get("reading", "text"), "steps": self.step, "steps_per_round": s.steps_per_round,
-            "privacy": ({**self.algo.privacy_report(self.step), "not_covered": self.uncovered}
-                        if self.algo.private else None),
+            "privacy": privacy, "audit": audit,
             "wall_time_s": time.perf_counter() - self.t_start,
             "seconds_per_round": (time.perf_counter() - self.t0) / max(1, self.rec.rows[-1]["round"]),
             "peak_rss_mb": peak_rss_mb(),
