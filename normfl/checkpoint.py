@@ -20,8 +20,9 @@ NAME = "checkpoint.pt"
 def snapshot(run, wall_time_s: float) -> dict:
     """Everything a ``Training`` needs to go on from the step it has just taken: the model, the records,
     the algorithm's ``state``, the clients' batch streams, the model's buffers, the backend chosen, and the
-    steps of a round under way (its losses and uploads so far: Ctrl-C may stop a pass part-way)."""
-    return {"x": run.x, "sent": run.sent, "rows": run.rec.rows, "algo": run.algo.state_dict(),
+    steps of a round under way (its losses and uploads so far: Ctrl-C may stop a pass part-way). Tensors are
+    copies: a vectorized run's x and state are views of its group's."""
+    return {"x": run.x.clone(), "sent": run.sent, "rows": run.rec.rows, "algo": run.algo.state_dict(),
             "data": run.clients.data.state_dict(), "buffers": run.setup.flat.buffers(),
             "backend": run.clients.engine.backend, "wall_time_s": wall_time_s,
             "step": run.step, "losses": [float(v) for v in run.losses], "uploads": run.uploads,

@@ -58,7 +58,7 @@ def test_a_run_that_diverges_leaves_the_group_and_the_others_go_on(tmp_path, dat
 
 
 def test_a_grouped_run_checkpoints_its_own_state(tmp_path, data_root):
-    """A run's memories are views of its group's; its checkpoint holds copies of its own rows only."""
+    """A run's memories and x are views of its group's; its checkpoint holds copies of its own rows only."""
     from normfl.run import start
 
     ts = [start(config(data_root, "backend=stacked", "algo=normec", f"algo.beta={b}"), tmp_path / str(b))
@@ -71,6 +71,10 @@ def test_a_grouped_run_checkpoints_its_own_state(tmp_path, data_root):
         assert state["g"].shape == ts[1].algo.g.shape and state["g"].untyped_storage().nbytes() == \
             state["g"].numel() * state["g"].element_size()
         assert torch.equal(state["ghat"], group.box.ghat[1])
+        from normfl import checkpoint
+
+        x = checkpoint.snapshot(ts[1], 0.0)["x"]                 # x too: a copy, not a view of the group's [R, d]
+        assert x.untyped_storage().nbytes() == x.numel() * x.element_size()
     finally:
         for t in ts:
             t.rundir.release()
