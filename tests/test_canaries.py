@@ -58,3 +58,17 @@ def test_an_audit_that_cannot_be_made_is_refused(overrides, says, data_root):
 
     with pytest.raises(ConfigError, match=f"audit.canaries.*{says}"):
         validate(config(data_root, *overrides))
+
+
+def test_an_audit_resumes_with_its_run(tmp_path, data_root):
+    """A checkpoint carries the canaries' scores: an audited run stopped and resumed ends with the audit of
+    the run made in one go."""
+    from normfl.run import start
+
+    alone = run(config(data_root, "audit.canaries=200"), tmp_path / "alone")["audit"]
+    t = start(config(data_root, "audit.canaries=200"), tmp_path / "resumed")
+    for _ in range(7):
+        t.record(*t.round(t.step, t.x, t.clients))
+    t.save()
+    t.rundir.release()
+    assert run(config(data_root, "audit.canaries=200"), tmp_path / "resumed")["audit"] == alone

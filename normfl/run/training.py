@@ -49,6 +49,9 @@ class Training:
         self.rundir = rundir
         self.algo, self.clients, self.x, flat = setup.algo, setup.clients, setup.x, setup.flat
         self.round = round_of(self.algo, self.clients)      # the algorithm's round, or that round captured whole
+        canaries = cfg.get("audit", {}).get("canaries", 0)
+        self.audit = ClientCanaries(self.algo, canaries, flat.dim, cfg.seed, setup.device, self.x.dtype) \
+            if canaries else None
         label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
             self.out_dir / "partition.csv")
         self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
@@ -75,9 +78,6 @@ class Training:
         self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
                         dynamic_ncols=True)
         self.uncovered = uncovered(flat.module) if self.algo.private else None
-        canaries = cfg.get("audit", {}).get("canaries", 0)
-        self.audit = ClientCanaries(self.algo, canaries, flat.dim, cfg.seed, setup.device, self.x.dtype) \
-            if canaries else None
         if self.uncovered:
             log.warning("privacy: %s", self.uncovered)
         if self.algo.private:                                # said before the first round, and again at the end
