@@ -57,14 +57,14 @@ def train_together(jobs: list[tuple], max_runs: int = 32, log_name: str = "train
     return results
 
 
-def _side_by_side(trainings: list[Training], vectorize: bool = True) -> None:
+def _side_by_side(trainings: list[Training]) -> None:
     """Their rounds until each is over: runs that differ only in scalars as vectorized groups
     (``run.vectorized``), the others in lockstep; a run whose round raises is recorded as failed."""
     lockstep, made = Lockstep(), {}
     try:
         with Interrupts() as ctrl_c:
             while active := [t for t in trainings if t.active]:
-                grouped, rest = vectorized.groups(active) if vectorize else ([], active)
+                grouped, rest = vectorized.groups(active)
                 current = {}
                 for members in grouped:                  # a new membership: its runs' state grouped anew
                     key = tuple(id(t) for t in members)
