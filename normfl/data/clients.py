@@ -39,14 +39,14 @@ class Batches:
     """The device half of batch making: a table of draws (sample indices, and crop and flip offsets when
     augmenting) goes to the device in one copy; gather, crop, flip and normalisation are batched tensor
     operations there. ``x``, ``y``: the samples on the device (raw when augmenting: the crop pads with black
-    pixels, as torchvision does). Runs made from one prepared dataset share one ``Batches``, and a table seen
-    among the last few is answered with the batch already made: runs side by side with one seed draw the
-    same tables, so they share one batch a step."""
+    pixels, as torchvision does). Runs made from one prepared dataset share one ``Batches`` (``users``), and
+    then a table seen among the last few is answered with the batch already made: runs side by side with one
+    seed draw the same tables, so they share one batch a step. A ``Batches`` of one run keeps nothing."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, prep: Preprocess, keep: int = 4):
         self.x, self.y, self.prep = x.to(prep.device), y.to(prep.device), prep
         self.recent: collections.OrderedDict = collections.OrderedDict()
-        self.keep, self.lock, self.made = keep, threading.Lock(), 0
+        self.keep, self.lock, self.made, self.users = keep, threading.Lock(), 0, 0
 
     def __call__(self, idx: np.ndarray, draws: torch.Tensor | None = None, share: bool = True):
         """(inputs, labels) of the samples ``idx`` (host int64), cropped and flipped by ``draws`` (``[3, len
@@ -55,7 +55,7 @@ class Batches:
             table = torch.from_numpy(np.asarray(idx, dtype=np.int64))[None]
             if draws is not None:
                 table = torch.cat([table, draws])
-            key = table.numpy().tobytes() if share else None
+            key = table.numpy().tobytes() if share and self.users > 1 else None
         with self.lock:
             if key is not None and key in self.recent:
                 self.recent.move_to_end(key)
@@ -84,6 +84,7 @@ class ClientData:
     def __init__(self, x, y, parts, batch_size, seed, prep: Preprocess, augment: bool,
                  oracle: str = "minibatch", chunk: int = 1000, batches: Batches | None = None):
         self.batches = batches or Batches(x, y, prep)
+        self.batches.users += 1
         self.x, self.y, self.prep = self.batches.x, self.batches.y, prep
         self.parts = [torch.as_tensor(p) for p in parts]
         self._index = [p.numpy() for p in self.parts]           # the same, for the host's index arithmetic

@@ -35,12 +35,6 @@ def _key(prefix: str, stat: str) -> str:
     return f"{prefix}.{stat}" if prefix else stat
 
 
-def client_copies(module: nn.Module, start: dict, n: int) -> dict[str, torch.Tensor]:
-    """Each of n clients' own copy of the running statistics, ``[n, C]`` per buffer."""
-    return {_key(p, s): start[_key(p, s)].expand(n, *start[_key(p, s)].shape).clone()
-            for p, _ in tracked(module) for s in STATS}
-
-
 @functools.lru_cache(maxsize=64)
 def _powers(keep: float, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """(1-m)^(n-1-i) for i = 0..n-1: the weight of client i's update once the clients after it have run."""

@@ -46,13 +46,44 @@ def capturable(device: torch.device, deterministic: bool) -> str | None:
     return None
 
 
-class _Buffers:
-    """One shape of pass: its input buffers, its outputs, and its graph once recorded."""
+class _Replay:
+    """How a static step runs: ``WARMUP`` eager steps (on a side stream when a capture follows: cuDNN and the
+    autograd engine settle there), then, when capturing, one recording in a CUDA graph, and replays after it."""
 
-    def __init__(self, stacked, n: int, xb: torch.Tensor, yb: torch.Tensor, dim: int):
-        self.n, self.steps, self.graph = n, 0, None
-        self.X = torch.zeros(n, dim, device=xb.device, dtype=stacked.flat.vector().dtype, requires_grad=True)
-        self.xb, self.yb = torch.empty_like(xb), torch.empty_like(yb)
+    def __init__(self, capture: bool):
+        self.capture, self.steps, self.graph = capture, 0, None
+
+    def __call__(self, body, generator: torch.Generator | None = None, what: str = "a step") -> None:
+        if self.graph is None and self.capture and self.steps >= WARMUP:
+            self.graph = torch.cuda.CUDAGraph()
+            if generator is not None:                    # replayed from the seed set before each replay
+                self.graph.register_generator_state(generator)
+            with torch.cuda.graph(self.graph):
+                body()
+            log.info("captured %s in a CUDA graph", what)
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.capture:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                body()
+            torch.cuda.current_stream().wait_stream(stream)
+        else:
+            body()
+        self.steps += 1
+
+
+class _Buffers:
+    """One shape of pass: its input buffers, its outputs (made by its first step, written in place after), and
+    how it runs (``_Replay``)."""
+
+    def __init__(self, stacked, piece, dtype: torch.dtype, capture: bool):
+        (x0, y0, _), n = piece[0], len(piece)
+        self.n, self.replay = n, _Replay(capture)
+        self.X = torch.zeros(n, stacked.flat.dim, device=x0.device, dtype=dtype, requires_grad=True)
+        self.xb = x0.new_empty(len(y0), n * x0.shape[1], *x0.shape[2:])
+        self.yb = y0.new_empty(len(y0), n)
         self.stats = ClientStats(stacked.flat.module, n) if stacked.has_batchnorm else None
         self.G = self.loss = None
 
@@ -75,8 +106,7 @@ class StaticPass:
         n = len(piece)
         key = (n, tuple(piece[0][0].shape), piece[0][0].dtype, tuple(piece[0][1].shape))
         if key not in self.buffers:
-            xb0, yb0 = _stacked(piece)
-            self.buffers[key] = _Buffers(self.stacked, n, xb0, yb0, self.stacked.flat.dim)
+            self.buffers[key] = _Buffers(self.stacked, piece, x.dtype, self.capture)
         buf = self.buffers[key]
         with torch.no_grad():
             buf.X.copy_(x.expand(n, -1) if x.dim() == 1 else x)
@@ -86,14 +116,7 @@ class StaticPass:
 
     def __call__(self, x: torch.Tensor, piece) -> tuple[torch.Tensor, torch.Tensor]:
         buf = self.load(x, piece)
-        if buf.graph is not None:
-            buf.graph.replay()
-        elif self.capture and buf.steps >= WARMUP:
-            self._record(buf)
-            buf.graph.replay()
-        else:
-            self._step(buf, side_stream=self.capture)
-        buf.steps += 1
+        buf.replay(lambda: self._pass(buf), what=f"the stacked pass of {buf.n} clients")
         return buf.G.clone(), buf.loss.clone()           # the caller's own: the next step overwrites the buffers
 
     def _pass(self, buf: _Buffers) -> None:
@@ -106,33 +129,9 @@ class StaticPass:
             buf.stats.fold()
         if buf.G is None:
             buf.G, buf.loss = G, loss.detach()
-        else:                                            # eager steps write where the graph will
+        else:                                            # later steps (and the graph) write where the first did
             buf.G.copy_(G)
             buf.loss.copy_(loss.detach())
-
-    def _step(self, buf: _Buffers, side_stream: bool) -> None:
-        if not side_stream:
-            self._pass(buf)
-            return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._pass(buf)
-        torch.cuda.current_stream().wait_stream(stream)
-
-    def _record(self, buf: _Buffers) -> None:
-        graph = torch.cuda.CUDAGraph()
-        G, loss = buf.G, buf.loss
-        with torch.cuda.graph(graph):
-            stats = buf.stats.fill() if buf.stats is not None else None
-            out, _ = self.stacked.losses_stacked(buf.X, buf.xb, buf.yb, None, stats)
-            (g,) = torch.autograd.grad(out.sum(), buf.X)
-            if buf.stats is not None:
-                buf.stats.fold()
-            G.copy_(g)
-            loss.copy_(out.detach())
-        buf.graph = graph
-        log.info("captured the stacked pass of %d clients (batch %s) in a CUDA graph", buf.n, tuple(buf.xb.shape))
 
 
 class _Loaded:
@@ -161,12 +160,12 @@ class CapturedRound:
     the numbers of the algorithm's own round, bit for bit (``tests/test_capture.py``)."""
 
     def __init__(self, algo, static: StaticPass, capture: bool, why_eager: str | None = None):
-        self.algo, self.static, self.capture, self.why_eager = algo, static, capture, why_eager
-        self.graph, self.steps, self.x_in, self.out = None, 0, None, None
+        self.algo, self.static, self.why_eager = algo, static, why_eager
+        self.replay, self.x_in, self.out = _Replay(capture), None, None
 
     def captured(self) -> str:
         """How the rounds ran, for a run's summary."""
-        if self.graph is not None:
+        if self.replay.graph is not None:
             return "whole round replayed from a CUDA graph"
         return f"whole round eager on static buffers ({self.why_eager or 'not yet past its warm-up'})"
 
@@ -178,14 +177,7 @@ class CapturedRound:
         else:
             self.x_in.copy_(x)
         gen = self.algo.generator.reseed(NOISE, k, x.device) if self.algo.mech is not None else None
-        if self.graph is not None:
-            self.graph.replay()
-        elif self.capture and self.steps >= WARMUP:
-            self._record(k, buf, gen)
-            self.graph.replay()
-        else:
-            self._eager(k, buf)
-        self.steps += 1
+        self.replay(lambda: self._body(k, buf), gen, what=f"a whole {self.algo.name} round ({buf.n} clients)")
         x_new, loss = self.out
         return x_new.clone(), {"loss": loss.clone(), "uploads": len(piece)}
 
@@ -194,30 +186,6 @@ class CapturedRound:
             x_new, info = type(self.algo).round(self.algo, k, self.x_in, _Loaded(self.static, buf))
         if self.out is None:
             self.out = (x_new, info["loss"])
-        else:                                            # eager rounds write where the graph will
+        else:                                            # later rounds (and the graph) write where the first did
             self.out[0].copy_(x_new)
             self.out[1].copy_(info["loss"])
-
-    def _eager(self, k: int, buf: _Buffers) -> None:
-        if not self.capture:
-            self._body(k, buf)
-            return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._body(k, buf)
-        torch.cuda.current_stream().wait_stream(stream)
-
-    def _record(self, k: int, buf: _Buffers, gen) -> None:
-        graph = torch.cuda.CUDAGraph()
-        if gen is not None:
-            graph.register_generator_state(gen)
-        with torch.cuda.graph(graph):
-            self._body(k, buf)
-        self.graph = graph
-        log.info("captured a whole %s round (%d clients) in a CUDA graph", self.algo.name, buf.n)
-
-
-def _stacked(piece) -> tuple[torch.Tensor, torch.Tensor]:
-    """Equal batches of G clients as ``[B, G·C, ...]`` inputs and ``[B, G]`` labels."""
-    return torch.stack([p[0] for p in piece], 1).flatten(1, 2), torch.stack([p[1] for p in piece], 1)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from normfl.engine.batchnorm import client_copies, fold_running_stats
+from normfl.engine.batchnorm import ClientStats, fold_running_stats
 from normfl.engine.clients import Clients
 
 
@@ -186,8 +186,7 @@ def combined_pass(kind: str, requests: list[tuple]) -> list:
         return list(zip(sums.split(sizes), losses.split(sizes), strict=True))
     if stacked.has_batchnorm and not stacked.takes(piece):
         return [_alone(r) for r in requests]
-    copies = [client_copies(e.flat.module, dict(e.flat.module.named_buffers()), n)
-              for e, n in zip(engines, sizes, strict=True)]
+    copies = [ClientStats(e.flat.module, n).fill() for e, n in zip(engines, sizes, strict=True)]
     stats = {k: torch.cat([c[k] for c in copies]) for k in copies[0]} if copies[0] else None
     G, losses = stacked.grads(X, piece, stats)
     first = 0

@@ -29,7 +29,7 @@ from torch import nn
 from torch.func import functional_call
 
 from normfl import models
-from normfl.engine.batchnorm import ClientStats, client_copies
+from normfl.engine.batchnorm import ClientStats
 from normfl.engine.clipping import clip_factors, norm_layers, sq_norms
 
 
@@ -158,7 +158,7 @@ class StackedPass:
         by side (a Linear layer on inputs of more than two axes, say, does not): one pass of two zero samples."""
         x = torch.zeros(2, *in_shape, device=self.flat.device)
         X = self.flat.vector().expand(2, -1)
-        stats = client_copies(self.flat.module, self.flat.buffers(), 2)
+        stats = ClientStats(self.flat.module, 2).fill()
         out = functional_call(self.module, (self.flat.as_params(X), stats), (torch.stack([x, x], 1).flatten(1, 2),))
         self.flat.module.eval()
         want = self.flat.module(x).shape

@@ -28,17 +28,6 @@ ALPHA = 0.05                   # the bound holds with probability 1 - ALPHA
 FAMILY = "client-level Gaussian, noise added by each client"
 
 
-def unaudited(algo) -> str | None:
-    """Why a run's algorithm cannot be audited by canaries yet (None: it can)."""
-    from normfl.privacy.mechanisms import Gaussian
-
-    if not algo.private:
-        return "a run without privacy has nothing to audit"
-    if not isinstance(algo.mech, Gaussian) or algo.mech.who != "client" or not hasattr(algo, "bounding"):
-        return f"the audited family so far is {FAMILY} (dp_normec, dp_clip21, dp_fed_normec, dp_fedavg)"
-    return None
-
-
 class ClientCanaries:
     """N canary clients beside a run (see the module docstring); ``observe`` after each of its steps,
     ``result`` at its end."""

@@ -151,12 +151,17 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     return Setup(device, ds, parts, flat, x, algo, prep, x_test, y_test, clients, steps)
 
 
+def one_pass_box(algo, clients: Clients) -> bool:
+    """Whether a run's round is the EF21 box (α-NormEC, Clip21) around one stacked pass of one minibatch a
+    client: what a round captured whole (``round_of``) and runs vectorized (``run.vectorized``) need."""
+    return isinstance(algo, EF21) and clients.engine.backend == "stacked" and clients.data.oracle == "minibatch"
+
+
 def round_of(algo, clients: Clients):
-    """The run's round: for α-NormEC and Clip21 on the stacked backend with equal minibatches, the whole round
-    on static buffers (``engine.capture.CapturedRound``: one CUDA graph on a GPU); otherwise the algorithm's."""
-    engine, data = clients.engine, clients.data
-    if (engine.static is None or engine.backend != "stacked" or not isinstance(algo, EF21)
-            or data.oracle != "minibatch" or not data.uniform()):
+    """The run's round: for ``one_pass_box`` runs with equal minibatches, the whole round on static buffers
+    (``engine.capture.CapturedRound``: one CUDA graph on a GPU); otherwise the algorithm's."""
+    engine = clients.engine
+    if engine.static is None or not one_pass_box(algo, clients) or not clients.data.uniform():
         return algo.round
     return CapturedRound(algo, engine.static, engine.static.capture, engine.why_eager)
 

@@ -69,7 +69,7 @@ class Training:
             self.sent = 0
         self.k = self.rec.rows[-1]["round"]
         self.step = self.rec.rows[-1].get("steps", self.k)          # checkpoints from before the column: k
-        self.losses, self.uploads, self.finite = [], 0, []          # of the round's steps so far (on the device)
+        self.losses, self.uploads = [], 0                            # of the round's steps so far (on the device)
         self.unread: list[tuple[dict, torch.Tensor]] = []           # rows whose losses and flags are not read yet
         if state and "step" in state:                                # saved part-way through a round (Ctrl-C)
             self.step, self.losses, self.uploads = state["step"], list(state["losses"]), state["uploads"]
@@ -128,11 +128,8 @@ class Training:
         self.uploads += info["uploads"]
         if self.audit is not None:                          # canaries beside the step, on their own draws
             self.audit.observe(self.step)
-        finite = torch.isfinite(x).all()                    # a model or loss that is not finite: diverged
         if info["loss"] is not None:
             self.losses.append(info["loss"])
-            finite = finite & torch.isfinite(torch.as_tensor(info["loss"], device=x.device))
-        self.finite.append(finite)
         if self.step % self.setup.steps_per_round and not info.get("done", False):
             return                                           # the round (a pass) goes on
         last = k + 1 == cfg.rounds or info.get("done", False)         # budget-limited algorithms stop early
@@ -140,8 +137,10 @@ class Training:
                "bits_per_coord": self.bits, "transmissions": self.uploads, "transmissions_total": self.sent,
                "bytes_uploaded": self.uploads * self.upload_bytes, "bytes_total": self.sent * self.upload_bytes,
                **{name: info[name] for name in ("tau", "steps_total") if name in info}}
-        self.unread.append((row, torch.stack(self.finite).all()))
-        self.losses, self.uploads, self.finite = [], 0, []
+        # a model that is not finite stays so (every algorithm's x^{k+1} is built from x^k), so the round's
+        # last x tells whether any of its steps diverged; its steps' losses are checked when read
+        self.unread.append((row, torch.isfinite(x).all()))
+        self.losses, self.uploads = [], 0
         self.k, self.active = k + 1, not last
         self.bar.update()
         evaluate = (k + 1) % cfg.eval_every == 0 or last
@@ -177,7 +176,7 @@ class Training:
             steps = [next(losses) if isinstance(v, torch.Tensor) else v for v in row["train_loss"]]
             row["train_loss"] = sum(steps) / len(steps) if steps else None
             evaluated = [row[m] for m in ("test_loss", "full_train_loss") if m in row]
-            if fine and all(math.isfinite(v) for v in evaluated):
+            if fine and all(math.isfinite(v) for v in steps + evaluated):
                 self.rec.add(row)
                 continue
             row["test_loss"] = row["test_acc"] = math.nan

@@ -19,9 +19,9 @@ import copy
 
 import torch
 
-from normfl.algorithms.ef21 import EF21
 from normfl.engine.lockstep import combined_pass
 from normfl.ops import Bounding
+from normfl.run.setup import one_pass_box
 
 
 def group_key(t) -> tuple | None:
@@ -29,7 +29,7 @@ def group_key(t) -> tuple | None:
     private and who adds the noise, Ψ's kind, the stacked backend with one minibatch a client, and the step it
     stands at."""
     a = t.algo
-    if not isinstance(a, EF21) or t.clients.engine.backend != "stacked" or t.clients.data.oracle != "minibatch":
+    if not one_pass_box(a, t.clients):
         return None
     return type(a), a.private, a.noise_by, a.bounding.kind, t.step
 
@@ -70,6 +70,7 @@ class Group:
             a.g, a.ghat = box.g[r], box.ghat[r]
         box.privatize = self.privatize
         self.box, self.algos = box, algos
+        self.X = torch.stack([t.x for t in trainings])     # the runs' models; each run's x is a row of it
 
     def privatize(self, v: torch.Tensor, k: int) -> torch.Tensor:
         """Each run's releases through its own privatizer, with its own round-k draws."""
@@ -92,6 +93,6 @@ class Group:
     def round(self) -> None:
         """One round of every run of the group, each recorded by its own ``Training``."""
         k = self.trainings[0].step
-        X, info = self.box.round(k, torch.stack([t.x for t in self.trainings]), self)
+        self.X, info = self.box.round(k, self.X, self)
         for r, t in enumerate(self.trainings):
-            t.record(X[r], {"loss": info["loss"][r], "uploads": info["uploads"]})
+            t.record(self.X[r], {"loss": info["loss"][r], "uploads": info["uploads"]})
