@@ -311,7 +311,7 @@ def _validate_dpfl(cfg: DictConfig) -> None:
 
 
 AUDITED = ("normfl.algorithms.NormEC", "normfl.algorithms.Clip21", "normfl.algorithms.FedNormEC",
-           "normfl.algorithms.FedAvg")          # client-level Gaussian with client noise (normfl.privacy.canaries)
+           "normfl.algorithms.FedAvg")          # client-level Gaussian with client noise (normfl.privacy.audit.canaries)
 
 
 def _validate_audit(cfg: DictConfig) -> None:

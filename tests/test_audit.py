@@ -1,4 +1,4 @@
-"""The audit's statistics (``normfl.privacy.audit``): a bound that never claims more than a mechanism leaks,
+"""The audit's statistics (``normfl.privacy.audit.stats``): a bound that never claims more than a mechanism leaks,
 sees a broken one, and stays at 0 when there is nothing to see. The canaries that feed it through each
 mechanism's real code path are issue 30's next step; here the scores are drawn from the mechanism's law."""
 
@@ -6,7 +6,7 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 
-from normfl.privacy.audit import eps_lower, rate_bounds
+from normfl.privacy.audit.stats import eps_lower, rate_bounds
 
 DELTA = 1e-5
 THRESHOLDS = np.linspace(0.0, 3.0, 7)

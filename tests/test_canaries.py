@@ -1,4 +1,4 @@
-"""Canary audits beside a private run (``audit.canaries``, ``normfl.privacy.canaries``): the run's parameters
+"""Canary audits beside a private run (``audit.canaries``, ``normfl.privacy.audit.canaries``): the run's parameters
 do not change, a correct privatizer stays within its certificate, a broken one is caught."""
 
 import json

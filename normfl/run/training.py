@@ -27,7 +27,7 @@ from normfl.engine.batchnorm import tracked
 from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
-from normfl.privacy.canaries import ClientCanaries
+from normfl.privacy.audit.canaries import ClientCanaries
 from normfl.results import Recorder, finished
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build, round_of

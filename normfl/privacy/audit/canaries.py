@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from normfl.ops import round_generator
-from normfl.privacy.audit import eps_lower
+from normfl.privacy.audit.stats import eps_lower
 
 AUDIT = 4                      # the canaries' random stream (ops: NOISE 0, PARTICIPATION 1, DPSGD 2, EVALUATION 3)
 ALPHA = 0.05                   # the bound holds with probability 1 - ALPHA
