@@ -311,7 +311,9 @@ def _validate_dpfl(cfg: DictConfig) -> None:
 
 
 AUDITED = ("normfl.algorithms.NormEC", "normfl.algorithms.Clip21", "normfl.algorithms.FedNormEC",
-           "normfl.algorithms.FedAvg")          # client-level Gaussian with client noise (normfl.privacy.audit.canaries)
+           "normfl.algorithms.FedAvg", "normfl.algorithms.DPSGDNorm",       # client or server Gaussian noise
+           "normfl.algorithms.DPFL")                                          # DP-SGD on each client
+# (normfl.privacy.audit.canaries); NormFedAvg's discrete mechanisms are audited per message (audit.messages)
 
 
 def _validate_audit(cfg: DictConfig) -> None:
@@ -320,11 +322,13 @@ def _validate_audit(cfg: DictConfig) -> None:
     n = _get(cfg, "audit.canaries")
     if not n:
         return
-    if not _get(cfg, "algo.private"):
+    target = _get(cfg, "algo._target_")
+    if target not in AUDITED:
+        raise ConfigError("audit.canaries", n, "0 here: canaries audit the Gaussian mechanisms (dp_normec, "
+                          "dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm algo.private=true, dpfl, ali_dpfl); the "
+                          "discrete mechanisms of dp_normfedavg are audited per message (make audit)")
+    if not (_get(cfg, "algo.private") or target == "normfl.algorithms.DPFL"):       # DP-SGD is always private
         raise ConfigError("audit.canaries", n, "0 for a run without privacy (nothing to audit)")
-    if _get(cfg, "algo._target_") not in AUDITED or (_get(cfg, "algo.noise_by") or "client") != "client":
-        raise ConfigError("audit.canaries", n, "0 here: the family audited so far is client-level Gaussian noise "
-                          "added by each client (dp_normec, dp_clip21, dp_fed_normec, dp_fedavg algo.noise_by=client)")
 
 
 def validate_data(cfg: DictConfig, parts) -> None:

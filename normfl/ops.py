@@ -27,6 +27,7 @@ NOISE = 0            # privacy noise (and NFA's quantizer)
 PARTICIPATION = 1    # who takes part in a round
 DPSGD = 2            # ALI-DPFL's Poisson batches and DP-SGD noise
 EVALUATION = 3       # the test subset of ``eval_subset``
+AUDIT = 4            # privacy audits' canaries (``privacy.audit``): never drawn by a run itself
 
 
 def round_seed(seed: int, stream: int, round_: int) -> int:

@@ -1,5 +1,7 @@
-"""Canary audits beside a private run (``audit.canaries``, ``normfl.privacy.audit.canaries``): the run's parameters
-do not change, a correct privatizer stays within its certificate, a broken one is caught."""
+"""Canary audits beside a private run (``audit.canaries``, ``normfl.privacy.audit.canaries``), one family of
+mechanisms at a time: the run's parameters do not change, a correct privatizer stays within its
+certificate, canaries never inserted show nothing, and each deliberately broken privatizer is caught with a
+bound above the ε its run certifies."""
 
 import json
 from pathlib import Path
@@ -7,57 +9,136 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
+from normfl import ops
+from normfl.algorithms import alidpfl
+from normfl.engine import clipping
 from normfl.errors import ConfigError
 from normfl.privacy import mechanisms
+from normfl.privacy.audit import canaries
 from normfl.run import run
 
 REPO = Path(__file__).resolve().parents[1]
-# ε = 1 certified by the PLD accountant over 20 rounds: a claim 1,000 canaries a side can refute
-PRIVATE = ["algo=dp_normec", "dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400",
-           "dataset.test_limit=100", "clients=4", "batch_size=8", "rounds=20", "eval_every=10", "progress=false",
-           "save_params=true", "privacy.epsilon=1", "privacy.calibration=accountant", "accountant=pld"]
+SMALL = ["dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400", "dataset.test_limit=100", "clients=4",
+         "progress=false", "save_params=true", "privacy.delta=1e-5"]
+# each family at a claim a few hundred canaries a side can refute if its privatizer is broken (ε = 1, certified
+# by dp-accounting; DP-SGD: 20 steps at q = 0.5, σ = 1.5, ε = 8.4)
+FAMILIES = {
+    "client": ["algo=dp_normec", "batch_size=8", "rounds=20", "eval_every=10", "privacy.epsilon=1",
+               "privacy.calibration=accountant", "accountant=pld"],
+    "central": ["algo=dp_fedavg", "algo.noise_by=server", "algo.local_steps=1", "rounds=20", "eval_every=10",
+                "privacy.epsilon=1", "privacy.calibration=accountant", "accountant=pld"],
+    "dpsgd": ["algo=dpfl", "algo.sample_rate=0.5", "algo.sigma=1.5", "algo.clip=0.1", "algo.tau=2", "rounds=10",
+              "eval_every=10", "algo.rc_override=20", "privacy.epsilon=1"],
+}
 
 
-def config(data_root, *overrides):
+def config(data_root, family, *overrides):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=[*PRIVATE, f"data_root={data_root}", *overrides])
+        return compose("config", overrides=[*SMALL, *FAMILIES[family], f"data_root={data_root}", *overrides])
 
 
-def test_an_audited_run_has_the_parameters_of_the_run_without_it(tmp_path, data_root):
-    for canaries in (0, 200):
-        run(config(data_root, f"audit.canaries={canaries}"), tmp_path / str(canaries))
+def audited(data_root, tmp_path, family, canaries_, *overrides) -> dict:
+    return run(config(data_root, family, f"audit.canaries={canaries_}", *overrides), tmp_path / "run")["audit"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_audited_run_has_the_parameters_of_the_run_without_it(family, tmp_path, data_root):
+    for n in (0, 200):
+        run(config(data_root, family, f"audit.canaries={n}"), tmp_path / str(n))
     a, b = (pd.read_csv(tmp_path / c / "metrics.csv").drop(columns="wall_time") for c in ("0", "200"))
     pd.testing.assert_frame_equal(a, b)
     assert np.load(tmp_path / "0" / "params.npy").tobytes() == np.load(tmp_path / "200" / "params.npy").tobytes()
     audit = json.loads((tmp_path / "200" / "summary.json").read_text())["audit"]
-    assert audit["canaries"] == 200 and audit["in"] == 100 and audit["releases_each"] == 20
+    assert audit["canaries"] == 200 and audit["in"] == 100 and audit["steps_observed"] > 0
     assert json.loads((tmp_path / "0" / "summary.json").read_text())["audit"] is None
 
 
-def test_a_correct_privatizer_is_consistent_and_a_broken_one_is_refuted(tmp_path, data_root, monkeypatch):
-    """The run's own Gaussian: the bound stays under the certified ε = 1. The same Gaussian adding a tenth of
-    its noise (a sensitivity off by 10, as published DP bugs were): the bound exceeds the certificate."""
-    correct = run(config(data_root, "audit.canaries=2000"), tmp_path / "correct")["audit"]
-    assert correct["verdict"] == "consistent with the certificate"
-    assert correct["eps_certified"] == pytest.approx(1.0, abs=0.01) and 0 <= correct["eps_lower"] < 1.0
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_correct_privatizer_is_consistent_and_canaries_never_inserted_show_nothing(family, tmp_path, data_root,
+                                                                                  monkeypatch):
+    correct = audited(data_root, tmp_path / "correct", family, 2000)
+    assert correct["verdict"] == "consistent with the certificate", correct
+    assert correct["eps_lower"] < correct["eps_certified"]
+    assert 0 < correct["eps_lower_curve"] < correct["eps_certified"], correct     # the curve route has power
+    monkeypatch.setattr(canaries, "OVERSIZE", 0.0)          # every canary releases nothing: "in" and "out" alike
+    null = audited(data_root, tmp_path / "null", family, 600)
+    assert null["eps_lower"] == 0 and null["eps_lower_curve"] < 0.2, null
+
+
+def tenth_of_the_noise(monkeypatch):
     real = mechanisms._gaussian
     monkeypatch.setattr(mechanisms, "_gaussian", lambda v, std, gen: real(v, std / 10, gen))
-    broken = run(config(data_root, "audit.canaries=2000"), tmp_path / "broken")["audit"]
-    assert broken["verdict"] == "refutes the certificate" and broken["eps_lower"] > 2.0
+
+
+def bounding_skipped(monkeypatch):
+    monkeypatch.setattr(ops.Bounding, "__call__", lambda self, v: v)
+
+
+def clipping_skipped(monkeypatch):
+    monkeypatch.setattr(clipping, "clip_factors", lambda sq, clip: torch.ones_like(sq))
+
+
+def one_draw_for_all_rows(monkeypatch):
+    """Every row of a call (every client) gets the same noise vector."""
+    def shared(v, std, gen):
+        z = torch.randn(v.shape[-1], generator=gen, device=v.device, dtype=v.dtype)
+        return v + std * z
+    monkeypatch.setattr(mechanisms, "_gaussian", shared)
+
+
+def same_noise_every_round(monkeypatch):
+    """The noise drawn afresh from one fixed seed: the same draws every round."""
+    def reused(v, std, gen):
+        fixed = torch.Generator(device=v.device).manual_seed(7)
+        return v + std * torch.randn(v.shape, generator=fixed, device=v.device, dtype=v.dtype)
+    monkeypatch.setattr(mechanisms, "_gaussian", reused)
+
+
+def rate_accounted_a_quarter(monkeypatch):
+    """The accountant is told q/4 while the sampler draws at q."""
+    real = alidpfl.ClientAccountant
+    monkeypatch.setattr(alidpfl, "ClientAccountant", lambda q, *args: real(q / 4, *args))
+
+
+BROKEN = [
+    ("client", tenth_of_the_noise, []), ("client", bounding_skipped, []), ("client", one_draw_for_all_rows, []),
+    ("client", same_noise_every_round, []),
+    ("central", tenth_of_the_noise, []), ("central", bounding_skipped, []), ("central", same_noise_every_round, []),
+    ("dpsgd", tenth_of_the_noise, []), ("dpsgd", clipping_skipped, []), ("dpsgd", one_draw_for_all_rows, []),
+    ("dpsgd", same_noise_every_round, []), ("dpsgd", rate_accounted_a_quarter, []),
+]
+
+
+@pytest.mark.parametrize("family, bug, overrides", BROKEN, ids=[f"{f}-{b.__name__}" for f, b, _ in BROKEN])
+def test_a_broken_privatizer_is_refuted(family, bug, overrides, tmp_path, data_root, monkeypatch):
+    bug(monkeypatch)
+    audit = audited(data_root, tmp_path, family, 600, *overrides)
+    assert audit["verdict"] == "refutes the certificate", audit
+    assert max(audit["eps_lower"], audit["eps_lower_curve"]) > audit["eps_certified"]
+
+
+def test_amplification_claimed_while_the_server_sees_who_uploads_is_refuted(tmp_path, data_root):
+    """Client noise with participation p = 0.1 and amplification claimed (ε = 2 over 100 rounds): the
+    certificate assumes the server does not know who took part, but each client's upload shows it (about 10
+    releases a client, worth ε ≈ 6.5 as Gaussian DP). The per-upload observer refutes the claim."""
+    audit = audited(data_root, tmp_path, "client", 1000, "algo=dp_fed_normec", "p=0.1", "privacy.epsilon=2",
+                    "privacy.amplification=true", "rounds=100", "eval_every=50")
+    assert audit["curve"] == "PLD" and audit["verdict"] == "refutes the certificate", audit
 
 
 @pytest.mark.parametrize("overrides, says", [
     (["algo=normec", "audit.canaries=100"], "without privacy"),
-    (["algo=dp_fedavg", "algo.noise_by=server", "audit.canaries=100"], "added by each client"),
+    (["algo=dp_normfedavg", "audit.canaries=100"], "per message"),
     (["audit.canaries=101"], "an even integer"),
 ])
 def test_an_audit_that_cannot_be_made_is_refused(overrides, says, data_root):
     from normfl.config import validate
 
     with pytest.raises(ConfigError, match=f"audit.canaries.*{says}"):
-        validate(config(data_root, *overrides))
+        validate(config(data_root, "client", *overrides))
 
 
 def test_an_audit_resumes_with_its_run(tmp_path, data_root):
@@ -65,10 +146,10 @@ def test_an_audit_resumes_with_its_run(tmp_path, data_root):
     the run made in one go."""
     from normfl.run import start
 
-    alone = run(config(data_root, "audit.canaries=200"), tmp_path / "alone")["audit"]
-    t = start(config(data_root, "audit.canaries=200"), tmp_path / "resumed")
+    alone = run(config(data_root, "client", "audit.canaries=200"), tmp_path / "alone")["audit"]
+    t = start(config(data_root, "client", "audit.canaries=200"), tmp_path / "resumed")
     for _ in range(7):
         t.record(*t.round(t.step, t.x, t.clients))
     t.save()
     t.rundir.release()
-    assert run(config(data_root, "audit.canaries=200"), tmp_path / "resumed")["audit"] == alone
+    assert run(config(data_root, "client", "audit.canaries=200"), tmp_path / "resumed")["audit"] == alone

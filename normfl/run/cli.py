@@ -73,7 +73,9 @@ def resume_hint(out_dir: Path, sweep_dir=None) -> str:
     state = checkpoint.peek(out_dir)
     if not state and (Path(out_dir) / "summary.json").is_file():    # Ctrl-C came as the run was ending
         ended = f"the run had ended before Ctrl-C came; its results are in {shown(out_dir)}"
-        return ended if sweep_dir is None else f"{ended}; the sweep's other jobs go on with:\n  {resume_command(sweep_dir)}"
+        if sweep_dir is None:
+            return ended
+        return f"{ended}; the sweep's other jobs go on with:\n  {resume_command(sweep_dir)}"
     command = resume_command(sweep_dir)
     if not state:
         return f"it had saved no checkpoint, so this command starts it over in {shown(out_dir)}:\n  {command}"

@@ -27,7 +27,7 @@ from normfl.engine.batchnorm import tracked
 from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
-from normfl.privacy.audit.canaries import ClientCanaries
+from normfl.privacy.audit.canaries import canaries_for
 from normfl.results import Recorder, finished
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build, round_of
@@ -50,8 +50,8 @@ class Training:
         self.algo, self.clients, self.x, flat = setup.algo, setup.clients, setup.x, setup.flat
         self.round = round_of(self.algo, self.clients)      # the algorithm's round, or that round captured whole
         canaries = cfg.get("audit", {}).get("canaries", 0)
-        self.audit = ClientCanaries(self.algo, canaries, flat.dim, cfg.seed, setup.device, self.x.dtype) \
-            if canaries else None
+        self.audit = canaries_for(self.algo, self.clients, canaries, flat.dim, cfg.seed, setup.device,
+                                  self.x.dtype) if canaries else None
         label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
             self.out_dir / "partition.csv")
         self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))

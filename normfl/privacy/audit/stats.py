@@ -14,21 +14,55 @@ so exact (Clopper-Pearson) confidence bounds on the rates give, with confidence 
 
 an assumption-free lower bound. The failure probability α is split over the two directions and over the
 thresholds tried (Bonferroni), so trying several thresholds is paid for. Statistics from scipy.
+
+Three bounds, three assumptions:
+
+* ``eps_lower`` assumes nothing but that the canaries are independent trials. It is the weakest: one
+  (ε, δ) pair cannot use the shape of the mechanism's trade-off curve.
+* ``mu_lower`` tests a Gaussian-DP certificate (Nasr et al. 2023, "Tight auditing of DP ML"). A μ-GDP
+  mechanism has FNR ≥ Φ(Φ⁻¹(1 - FPR) - μ) for every test, so upper bounds on both error rates give
+
+      μ ≥ Φ⁻¹(1 - FPR_hi) - Φ⁻¹(FNR_hi),
+
+  one-sided: a score that separates nothing makes this negative, and the bound is then 0. (Taking the
+  absolute value, as jax-privacy's ``epsilon_from_gdp`` does, turns the width of the confidence interval
+  itself into "evidence": μ ≈ 2 from scores that carry none.) The GDP curve is symmetric, so the reversed
+  test gives the same number. ``gdp_epsilon(μ_LB, δ)`` is a lower bound on ε only for a mechanism whose
+  trade-off curve *is* Gaussian (an unsampled Gaussian mechanism, or its composition); against any
+  other claim it is only a test of the statement "the mechanism is μ-GDP".
+* ``curve_eps_lower`` tests a certified trade-off curve given as a dp-accounting privacy-loss distribution
+  (for sampled mechanisms, which are not GDP-shaped). A PLD with δ(ε) for every ε ≥ 0 certifies
+  TPR ≤ e^ε FPR + δ(ε) and TNR ≤ e^ε FNR + δ(ε) for every test; a point (FPR_hi, FNR_hi) violating one
+  of these for some ε refutes it (a finite ε grid only makes the test more conservative). Sweeping the
+  noise multiplier z of the claimed mechanism's family (same sampling rate, same number of steps) finds
+  the least private member still refuted; the ε reported is that member's, and it bounds the mechanism's
+  ε from below only if the mechanism is in that family.
+
+Both curve tests use, at each threshold, two one-sided Clopper-Pearson upper bounds (on FPR and FNR) and
+share α over all of them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy.stats import binomtest
+from scipy.optimize import brentq
+from scipy.stats import binomtest, norm
 
 
 def rate_bounds(hits: int, trials: int, alpha: float) -> tuple[float, float]:
     """Exact (Clopper-Pearson) bounds on a rate from ``hits`` of ``trials``: each side holds with probability at
     least 1 - α/2."""
-    ci = binomtest(int(hits), int(trials)).proportion_ci(confidence_level=1 - alpha, method="exact")
+    return _clopper_pearson(int(hits), int(trials), float(alpha))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _clopper_pearson(hits: int, trials: int, alpha: float) -> tuple[float, float]:
+    # scipy finds each end by root-finding (milliseconds); audits over many seeds ask for the same counts again
+    ci = binomtest(hits, trials).proportion_ci(confidence_level=1 - alpha, method="exact")
     return float(ci.low), float(ci.high)
 
 
@@ -53,3 +87,107 @@ def eps_lower(scores_in: Sequence[float], scores_out: Sequence[float], delta: fl
                 if eps > best["eps_lower"]:
                     best = {"eps_lower": eps, "threshold": float(t), "tpr": tp / len(s_in), "fpr": fp / len(s_out)}
     return best
+
+
+def error_upper_bounds(scores_in: Sequence[float], scores_out: Sequence[float], thresholds: Sequence[float],
+                       alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Upper bounds (FPR_hi, FNR_hi) at each threshold, all 2·len(thresholds) of them holding together with
+    probability at least 1 - α (each one-sided bound fails with probability α / (2·len(thresholds)))."""
+    s_in, s_out = np.sort(np.asarray(scores_in, dtype=float)), np.sort(np.asarray(scores_out, dtype=float))
+    if not len(s_in) or not len(s_out):
+        raise ValueError("an audit needs canaries in and canaries out")
+    t = np.asarray(thresholds, dtype=float)
+    fp = len(s_out) - np.searchsorted(s_out, t, side="right")      # out scores above t: guessed "in"
+    fn = np.searchsorted(s_in, t, side="right")                    # in scores at or below t: guessed "out"
+    each = alpha / len(t)             # rate_bounds' upper side fails with probability each / 2 = α / (2·len)
+    fpr_hi = np.array([rate_bounds(k, len(s_out), each)[1] for k in fp])
+    fnr_hi = np.array([rate_bounds(k, len(s_in), each)[1] for k in fn])
+    return fpr_hi, fnr_hi
+
+
+def mu_lower(scores_in: Sequence[float], scores_out: Sequence[float], thresholds: Sequence[float],
+             alpha: float = 0.05) -> dict:
+    """The largest lower bound on a Gaussian-DP μ over ``thresholds``, holding with probability at least 1 - α
+    if the mechanism is GDP: ``{"mu_lower", "threshold", "fpr_hi", "fnr_hi"}`` (0 when nothing is shown)."""
+    fpr_hi, fnr_hi = error_upper_bounds(scores_in, scores_out, thresholds, alpha)
+    with np.errstate(invalid="ignore"):                 # FPR_hi = 1 gives -inf: that threshold shows nothing
+        mu = norm.isf(fpr_hi) - norm.ppf(fnr_hi)        # no abs(): a negative μ is "nothing seen", not evidence
+    best = {"mu_lower": 0.0, "threshold": None, "fpr_hi": None, "fnr_hi": None}
+    i = int(np.argmax(mu))
+    if mu[i] > 0:
+        best = {"mu_lower": float(mu[i]), "threshold": float(thresholds[i]),
+                "fpr_hi": float(fpr_hi[i]), "fnr_hi": float(fnr_hi[i])}
+    return best
+
+
+def gdp_delta(mu: float, eps: float) -> float:
+    """δ(ε) of μ-GDP (Dong, Roth and Su): Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2)."""
+    if mu <= 0:
+        return 0.0
+    # e^ε Φ(·) in logs: e^ε overflows long before the product does
+    return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The ε at which μ-GDP has δ(ε) = ``delta`` (0 when μ is 0 or δ(0) is already at most ``delta``)."""
+    if mu <= 0 or gdp_delta(mu, 0.0) <= delta:
+        return 0.0
+    # δ(ε) < Φ(-ε/μ + μ/2), which equals delta here: the root lies below
+    high = mu * (mu / 2 + norm.isf(delta))
+    return float(brentq(lambda eps: gdp_delta(mu, eps) - delta, 0.0, high, xtol=1e-12))
+
+
+def _violations(fpr_hi: np.ndarray, fnr_hi: np.ndarray, pld, eps_grid=None) -> np.ndarray:
+    """For each point, how far its best side exceeds the certified curve (max over the ε grid); > 0 refutes."""
+    fpr_hi, fnr_hi = np.atleast_1d(fpr_hi).astype(float), np.atleast_1d(fnr_hi).astype(float)
+    if eps_grid is None:
+        # beyond ε = log(1/rate) the line e^ε·rate + δ exceeds 1 and bounds nothing; 0.01 apart below that
+        top = math.log(1 / max(min(fpr_hi.min(), fnr_hi.min()), 1e-300))
+        eps_grid = np.linspace(0.0, max(top, 0.0), int(top / 0.01) + 2)
+    eps = np.asarray(eps_grid, dtype=float)
+    delta = np.asarray(pld.get_delta_for_epsilon(eps), dtype=float)
+    e = np.exp(eps)[:, None]
+    tpr_side = (1 - fnr_hi) - (e * fpr_hi + delta[:, None])     # TPR ≤ e^ε FPR + δ(ε)
+    tnr_side = (1 - fpr_hi) - (e * fnr_hi + delta[:, None])     # TNR ≤ e^ε FNR + δ(ε)
+    return np.maximum(tpr_side, tnr_side).max(axis=0)
+
+
+def curve_refutes(fpr_hi, fnr_hi, pld, eps_grid=None) -> bool:
+    """Whether the point (FPR_hi, FNR_hi) (or any of several, given as arrays) lies below the trade-off curve
+    certified by ``pld`` (a dp-accounting ``PrivacyLossDistribution``) at some ε of ``eps_grid``; by default
+    a 0.01 grid over the ε where the curve's lines bind."""
+    return bool((_violations(fpr_hi, fnr_hi, pld, eps_grid) > 0).any())
+
+
+def curve_eps_lower(scores_in: Sequence[float], scores_out: Sequence[float], thresholds: Sequence[float],
+                    make_pld: Callable[[float, bool], object], delta: float, alpha: float = 0.05,
+                    z_range: tuple[float, float] = (0.05, 50.0)) -> dict:
+    """The ε at ``delta`` of the least private claim ``make_pld(z, pessimistic)`` that the scores refute
+    (the tests use pessimistic PLDs, whose δ(ε) is too large, the ε read out an optimistic one), holding with
+    probability at least 1 - α if the mechanism is in ``make_pld``'s family (larger z: more private):
+    ``{"eps_lower_curve", "noise_multiplier_upper", "threshold"}``. The claim ``noise_multiplier_upper`` is
+    refuted, and so is every claim with more noise (the family's curves are nested); bisection on log z
+    stops within 1% of the boundary, on its refuted side. When even the least private claim ``z_range[0]``
+    is refuted the bound stops there; 0 when not even ``z_range[1]`` is."""
+    fpr_hi, fnr_hi = error_upper_bounds(scores_in, scores_out, thresholds, alpha)
+    pld_of = functools.lru_cache(maxsize=None)(lambda z: make_pld(z, True))
+
+    def refuted(z: float) -> bool:
+        return curve_refutes(fpr_hi, fnr_hi, pld_of(z))
+
+    low, high = float(z_range[0]), float(z_range[1])
+    if not refuted(high):
+        return {"eps_lower_curve": 0.0, "noise_multiplier_upper": None, "threshold": None}
+    while high / low > 1.01:                            # refuted at high; bisect on log z
+        mid = math.sqrt(low * high)
+        if refuted(mid):
+            high = mid
+        else:
+            low = mid
+    if low == z_range[0] and refuted(low):              # checked last: the least private claim is the costliest
+        high = low
+    # report the refuted end: every z above it is refuted too, so the true z is at most it (ε at least its ε),
+    # its ε read from an optimistic PLD (a pessimistic one would overstate it by its discretisation)
+    return {"eps_lower_curve": float(make_pld(high, False).get_epsilon_for_delta(delta)),
+            "noise_multiplier_upper": high,
+            "threshold": float(thresholds[int(np.argmax(_violations(fpr_hi, fnr_hi, pld_of(high))))])}
