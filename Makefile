@@ -19,7 +19,7 @@ IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normfedavg-t4 normfedavg-f3 normfedavg-t5 normfedavg-f4 normfedavg-t6 normfedavg-f5
 REPRODUCE := $(BIN)/python -m normfl.reproduce
 
-.PHONY: install lock run test lint campaign bench gpu-check scale privacy-table clean figures report all-figures alidpfl-readings $(IDS)
+.PHONY: install lock run test lint campaign bench gpu-check scale privacy-table audit clean figures report all-figures alidpfl-readings $(IDS)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,9 @@ scale: $(STAMP)            ## round time and peak memory at 1,000 / 10,000 / 100
 
 privacy-table: $(STAMP)    ## regenerate docs/privacy-table.md from dp-accounting
 	$(BIN)/python scripts/privacy_table.py > docs/privacy-table.md.tmp && mv docs/privacy-table.md.tmp docs/privacy-table.md
+
+audit: $(STAMP)            ## audit every private algorithm with canaries (about 7 min on 2 cores): docs/audit.md
+	$(BIN)/python scripts/audit.py > docs/audit.md.tmp && mv docs/audit.md.tmp docs/audit.md
 
 $(IDS): $(STAMP)           ## train the missing runs of one figure/table's grid, then draw it
 	$(REPRODUCE) run $@ $(RUNOPTS) $(ARGS)

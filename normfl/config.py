@@ -314,11 +314,13 @@ AUDITED = ("normfl.algorithms.NormEC", "normfl.algorithms.Clip21", "normfl.algor
            "normfl.algorithms.FedAvg", "normfl.algorithms.DPSGDNorm",       # client or server Gaussian noise
            "normfl.algorithms.DPFL")                                          # DP-SGD on each client
 # (normfl.privacy.audit.canaries); NormFedAvg's discrete mechanisms are audited per message (audit.messages)
+AUDIT_MODES = ("sidecar", "inband")
 
 
 def _validate_audit(cfg: DictConfig) -> None:
     _number(cfg, "audit.canaries", lambda v: v >= 0 and v % 2 == 0, "an even integer >= 0 (0: no audit; half "
             "the canaries in, half out)", integer=True, optional=True)
+    _choice(cfg, "audit.mode", AUDIT_MODES)
     n = _get(cfg, "audit.canaries")
     if not n:
         return
@@ -355,8 +357,10 @@ KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "
 
 
 def config_key(cfg: DictConfig) -> str:
-    """A stable hash of what a run computes: the resolved config without NOT_IN_KEY."""
-    data = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
+    """A stable hash of what a run computes: the resolved config without NOT_IN_KEY (an in-band audit, which
+    changes what the run computes, stays in)."""
+    whole = OmegaConf.to_container(cfg, resolve=True)
+    data = {k: v for k, v in whole.items() if k not in NOT_IN_KEY}
     for key, default in KEY_DEFAULTS.items():  # keys added later: absent at their default, so older keys stand
         *path, last = key.split(".")
         node = data
@@ -364,5 +368,8 @@ def config_key(cfg: DictConfig) -> str:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict) and last in node and node[last] == default:
             del node[last]
+    audit = whole.get("audit") or {}
+    if audit.get("mode") == "inband" and audit.get("canaries"):     # canaries in the run's own noise draws
+        data["audit"] = {"mode": "inband", "canaries": audit["canaries"]}
     text = json.dumps(data, sort_keys=True, default=str)
     return f"{cfg.algo.name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"

@@ -129,15 +129,43 @@ def test_amplification_claimed_while_the_server_sees_who_uploads_is_refuted(tmp_
     assert audit["curve"] == "PLD" and audit["verdict"] == "refutes the certificate", audit
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_inband_canaries_share_the_runs_own_privatizer_call(family, tmp_path, data_root):
+    """In-band, the canaries' block joins the run's own privatizer call: a correct run stays consistent, its
+    draws (so its parameters) change, and so does its key in a run store."""
+    from normfl.config import config_key
+
+    audit = audited(data_root, tmp_path, family, 600, "audit.mode=inband")
+    assert audit["verdict"] == "consistent with the certificate" and audit["steps_observed"] > 0, audit
+    run(config(data_root, family), tmp_path / "plain")
+    assert np.load(tmp_path / "run" / "params.npy").tobytes() != np.load(tmp_path / "plain" / "params.npy").tobytes()
+    keys = {config_key(config(data_root, family, *o)) for o in ([], ["audit.canaries=600"],
+                                                                 ["audit.canaries=600", "audit.mode=inband"])}
+    assert len(keys) == 2
+
+
+def test_only_inband_sees_the_noise_of_the_runs_own_call(tmp_path, data_root, monkeypatch):
+    """A bug in how the algorithm calls its privatizer (round 0's noise draws every round) is invisible beside
+    the run, where the canaries draw their own noise, and refuted in-band, where they share the run's call."""
+    from normfl.algorithms.base import Algorithm
+
+    monkeypatch.setattr(Algorithm, "privatize", lambda self, v, k: self.mech(v, self.generator(ops.NOISE, 0, v.device)))
+    beside = audited(data_root, tmp_path / "beside", "client", 600)
+    inband = audited(data_root, tmp_path / "inband", "client", 600, "audit.mode=inband")
+    assert beside["verdict"] == "consistent with the certificate", beside
+    assert inband["verdict"] == "refutes the certificate", inband
+
+
 @pytest.mark.parametrize("overrides, says", [
-    (["algo=normec", "audit.canaries=100"], "without privacy"),
-    (["algo=dp_normfedavg", "audit.canaries=100"], "per message"),
-    (["audit.canaries=101"], "an even integer"),
+    (["algo=normec", "audit.canaries=100"], "audit.canaries=100.*without privacy"),
+    (["algo=dp_normfedavg", "audit.canaries=100"], "audit.canaries=100.*per message"),
+    (["audit.canaries=101"], "audit.canaries=101.*an even integer"),
+    (["audit.canaries=100", "audit.mode=both"], "audit.mode=both.*sidecar | inband"),
 ])
 def test_an_audit_that_cannot_be_made_is_refused(overrides, says, data_root):
     from normfl.config import validate
 
-    with pytest.raises(ConfigError, match=f"audit.canaries.*{says}"):
+    with pytest.raises(ConfigError, match=says):
         validate(config(data_root, "client", *overrides))
 
 
@@ -153,3 +181,34 @@ def test_an_audit_resumes_with_its_run(tmp_path, data_root):
     t.save()
     t.rundir.release()
     assert run(config(data_root, "client", "audit.canaries=200"), tmp_path / "resumed")["audit"] == alone
+
+
+class _Box:
+    """The parts of an algorithm an audit reads: Ψ, the privatizer, participation, releases."""
+
+    def __init__(self, mech, p=1.0):
+        self.bounding, self.mech, self.p = ops.Bounding("scaled_norm", 1.0, 0.0), mech, p
+
+    def releases(self, steps):
+        return steps
+
+
+@pytest.mark.parametrize("who, p, seeds", [("client", 1.0, 100), ("server", 0.5, 20)])
+def test_a_correct_privatizer_is_refuted_no_more_often_than_the_confidence_allows(who, p, seeds):
+    """Many seeds of a correct Gaussian at ε = 2, without training: client noise (the Gaussian-DP route) and
+    central noise with amplification claimed (the PLD route). A verdict may be wrong with probability 0.05;
+    over these seeds more than 10% false refutations would have probability below 3% if it were so."""
+    from normfl.privacy import Privacy
+
+    privacy = Privacy(epsilon=2, delta=1e-5, calibration="accountant", accountant="pld", amplification=p < 1)
+    mech = privacy.gaussian(1.0, 1.0, 20, p, who)
+    eps = mech.release().epsilon(20, 1e-5, "pld")
+    refuted = 0
+    for seed in range(seeds):
+        box = _Box(mech, p)
+        audit = (canaries.ClientCanaries(box, 400, 16, seed, torch.device("cpu"), torch.float64) if who == "client"
+                 else canaries.CentralCanaries(box, 400, seed, torch.device("cpu"), torch.float64))
+        for step in range(1, 21):
+            audit.observe(step)
+        refuted += audit.result(eps, 1e-5)["verdict"] == "refutes the certificate"
+    assert refuted <= 0.1 * seeds

@@ -74,6 +74,17 @@ def test_privacy_builds_the_gaussian_it_calibrates():
     assert info["noise_by"] == "server" and "trusted server" in info["assumptions"]
 
 
+def test_an_accountant_calibrates_noise_on_a_mean_to_its_sensitivity():
+    """make audit found the DP-SGD baseline asked for ε = 4 by PLD certifying 0.31: the solved multiplier was
+    applied to β instead of the mean's sensitivity β/n. Now the run certifies what it was asked for."""
+    from normfl.privacy import ledger
+
+    pr = Privacy(epsilon=4, delta=1e-5, calibration="accountant", accountant="pld")
+    central = pr.gaussian(0.5, 0.5, 100, who="server", mean_of=10)
+    assert central.sensitivity == 0.05 and central.std == pytest.approx(0.05 * central.noise_multiplier)
+    assert 3.9 < ledger(central.release(), 1e-5).spent(100)["pld"] <= 4.0
+
+
 def test_paper_noise_multiplier_matches_spec_table():
     # reading A1 (σ_mult and its options; docs/privacy-table.md), ε = 8, δ = 1e-5
     pn = Privacy(epsilon=8, delta=1e-5)

@@ -104,5 +104,9 @@ class Privacy:
         """The Gaussian privatizer of a run of ``releases`` releases of a vector of norm at most ``bound``
         (``upload_std``), added by ``who``; ``mean_of=n`` when the noise goes on the mean of n such vectors,
         whose sensitivity is then bound / n. ``p`` is each client's chance to take part in a release."""
-        return Gaussian(bound / mean_of, self.upload_std(bound, beta, releases, p), who, p, self.amplification,
+        sensitivity = bound / mean_of
+        # the papers' rule puts std = bound·σ_mult on the vector however many releases it averages (NORMEC eq. 3);
+        # an accountant's multiplier is of the sensitivity, so the mean of n gets n times less noise for its ε
+        std = self.upload_std(bound if self.uses_formula else sensitivity, beta, releases, p)
+        return Gaussian(sensitivity, std, who, p, self.amplification,
                         self.neighbouring)

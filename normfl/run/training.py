@@ -49,9 +49,9 @@ class Training:
         self.rundir = rundir
         self.algo, self.clients, self.x, flat = setup.algo, setup.clients, setup.x, setup.flat
         self.round = round_of(self.algo, self.clients)      # the algorithm's round, or that round captured whole
-        canaries = cfg.get("audit", {}).get("canaries", 0)
-        self.audit = canaries_for(self.algo, self.clients, canaries, flat.dim, cfg.seed, setup.device,
-                                  self.x.dtype) if canaries else None
+        audit = cfg.get("audit", {})
+        self.audit = canaries_for(self.algo, self.clients, audit.canaries, flat.dim, cfg.seed, setup.device,
+                                  self.x.dtype, audit.get("mode", "sidecar")) if audit.get("canaries") else None
         label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
             self.out_dir / "partition.csv")
         self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))

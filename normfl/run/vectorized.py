@@ -27,9 +27,9 @@ from normfl.run.setup import one_pass_box
 def group_key(t) -> tuple | None:
     """What runs must share to step as one (None: this run cannot): the algorithm's class, whether it is
     private and who adds the noise, Ψ's kind, the stacked backend with one minibatch a client, and the step it
-    stands at."""
+    stands at. A run audited in-band steps alone: its canaries ride on its own privatizer calls."""
     a = t.algo
-    if not one_pass_box(a, t.clients):
+    if not one_pass_box(a, t.clients) or (t.audit is not None and t.audit.inband):
         return None
     return type(a), a.private, a.noise_by, a.bounding.kind, t.step
 

@@ -60,8 +60,8 @@ class Canaries:
 
     scores_kept: tuple[str, ...] = ("own",)
 
-    def __init__(self, algo, n: int, seed: int, device: torch.device):
-        self.algo, self.n, self.seed, self.device = algo, n, seed, device
+    def __init__(self, algo, n: int, seed: int, device: torch.device, inband: bool = False):
+        self.algo, self.n, self.seed, self.device, self.inband = algo, n, seed, device, inband
         self.is_in = torch.arange(n, device=device) < n // 2
         self.scores = torch.zeros(len(self.scores_kept), n, device=device, dtype=torch.float64)
         self.steps = 0
@@ -72,10 +72,38 @@ class Canaries:
         return 1 if step % 2 else -1
 
     def observe(self, step: int) -> None:
-        """Communication step ``step`` has been taken (steps count from 1)."""
+        """Communication step ``step`` has been taken (steps count from 1): beside the run, the canaries'
+        block goes through the run's privatizer with draws of their own."""
+        if not self.inband:
+            block = self.begin(step)
+            self.take(step, self.algo.mech(block, self.gen))
 
-    def draws(self, step: int) -> torch.Generator:
-        return round_generator(self.seed, AUDIT, step, self.device)
+    def begin(self, step: int) -> torch.Tensor:
+        """Step ``step``'s block of canary releases (who takes part drawn from the canaries' stream, ``gen``)."""
+        self.gen = round_generator(self.seed, AUDIT, step, self.device)
+        return self.make(step)
+
+    def make(self, step: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def take(self, step: int, y: torch.Tensor) -> None:
+        """Score the privatized block ``y``."""
+        raise NotImplementedError
+
+    def join_privatize(self, dim: int) -> None:
+        """In-band: the canaries' block joins the run's own vector in its privatizer call (rows for client
+        noise, coordinates for central noise), with the run's noise draws; their part of the output is split
+        off before the algorithm uses it. The very call is audited, and the run's draws shift."""
+        real = self.algo.privatize
+
+        def privatize(v: torch.Tensor, k: int) -> torch.Tensor:
+            step = self.steps + 1
+            block = self.begin(step)
+            y = real(torch.cat([v, block], dim), k)
+            self.take(step, y.narrow(dim, v.shape[dim], block.shape[dim]))
+            return y.narrow(dim, 0, v.shape[dim])
+
+        self.algo.privatize = privatize
 
     # -- what the certificate claims, and what a canary's score would be under it --------------------------
     def claim(self) -> tuple[GaussianRelease, int]:
@@ -152,20 +180,25 @@ class ClientCanaries(Canaries):
     observer = "each canary's noisy upload, every step it takes part"
     scores_kept = ("own", "paired")
 
-    def __init__(self, algo, n: int, d: int, seed: int, device: torch.device, dtype: torch.dtype):
-        super().__init__(algo, n, seed, device)
+    def __init__(self, algo, n: int, d: int, seed: int, device: torch.device, dtype: torch.dtype,
+                 inband: bool = False):
+        super().__init__(algo, n, seed, device, inband)
         gen = round_generator(seed, AUDIT, 0, "cpu")              # the directions: draw 0; step k's: draw k
         u = torch.randn(n, d, generator=gen, dtype=torch.float64)
         self.u = (u / torch.linalg.vector_norm(u, dim=1, keepdim=True)).to(device, dtype)
         at_bound = algo.bounding(self.u * OVERSIZE)               # Ψ(u_c) at its bound, through the run's Ψ
         self.release = torch.cat([at_bound * self.is_in[:, None], torch.zeros_like(at_bound)])
+        if inband:
+            self.join_privatize(0)
 
-    def observe(self, step: int) -> None:
-        gen, mech, sign = self.draws(step), self.algo.mech, self.sign(step)
-        takes_part = torch.rand(self.n, generator=gen, device=self.device) < self.algo.p
-        y = mech(sign * self.release, gen)                          # the run's privatizer, the canaries' draws
+    def make(self, step: int) -> torch.Tensor:
+        self.takes_part = torch.rand(self.n, generator=self.gen, device=self.device) < self.algo.p
+        return self.sign(step) * self.release
+
+    def take(self, step: int, y: torch.Tensor) -> None:
         own, blank = ((rows * self.u).sum(1, dtype=torch.float64) for rows in (y[:self.n], y[self.n:]))
-        self.scores += sign * takes_part * torch.stack([own, (own - blank) * PAIRED_SHRINK]) / mech.std
+        self.scores += (self.sign(step) * self.takes_part * torch.stack([own, (own - blank) * PAIRED_SHRINK])
+                        / self.algo.mech.std)
         self.steps += 1
 
     def claim(self):
@@ -184,8 +217,8 @@ class CentralCanaries(Canaries):
 
     family = "Gaussian noise added by the server to the aggregate"
 
-    def __init__(self, algo, n: int, seed: int, device: torch.device, dtype: torch.dtype):
-        super().__init__(algo, n, seed, device)
+    def __init__(self, algo, n: int, seed: int, device: torch.device, dtype: torch.dtype, inband: bool = False):
+        super().__init__(algo, n, seed, device, inband)
         mech, bounding = algo.mech, algo.bounding
         raw = OVERSIZE * torch.eye(n, device=device, dtype=dtype)             # canary c's update: R·e_c
         bounded = bounding(raw).diagonal() * (mech.sensitivity / bounding.bound)  # through Ψ, at the sensitivity
@@ -193,15 +226,20 @@ class CentralCanaries(Canaries):
         self.hidden = mech.release().sampled        # amplification claimed: the observer must not see who took part
         self.observer = ("the noised aggregate's canary coordinates, every round, not knowing who took part"
                          if self.hidden else "the noised aggregate's canary coordinates, every round it takes part")
+        if inband:
+            self.join_privatize(-1)
 
-    def observe(self, step: int) -> None:
-        gen, mech, sign = self.draws(step), self.algo.mech, self.sign(step)
-        takes_part = torch.rand(self.n, generator=gen, device=self.device) < self.algo.p
-        y = sign * mech(sign * self.contribution * takes_part, gen).double() / mech.std    # in std units
+    def make(self, step: int) -> torch.Tensor:
+        self.takes_part = torch.rand(self.n, generator=self.gen, device=self.device) < self.algo.p
+        return self.sign(step) * self.contribution * self.takes_part
+
+    def take(self, step: int, y: torch.Tensor) -> None:
+        mech = self.algo.mech
+        y = self.sign(step) * y.double() / mech.std                              # in std units
         if self.hidden:
             self.scores[0] += sampled_llr(y, self.algo.p, mech.sensitivity / mech.std)
         else:
-            self.scores[0] += takes_part * y
+            self.scores[0] += self.takes_part * y
         self.steps += 1
 
     def claim(self):
@@ -226,38 +264,50 @@ class SampleCanaries(Canaries):
     observer = "every noisy DP-SGD step of the canary's client"
     scores_kept = ("own", "paired")
 
-    def __init__(self, algo, clients, n: int, seed: int, device: torch.device, dtype: torch.dtype):
-        super().__init__(algo, n, seed, device)
+    def __init__(self, algo, clients, n: int, seed: int, device: torch.device, dtype: torch.dtype,
+                 inband: bool = False):
+        super().__init__(algo, n, seed, device, inband)
         self.dtype, k = dtype, len(clients.data.parts)
         if k < 2:
             raise ValueError("a DP-SGD audit pairs each client's noisy sum with another client's: it needs 2 clients")
         coords = torch.arange(n, device=device)
         self.own, self.other = (coords % k, coords), ((coords + 1) % k, coords)   # (client, coordinate) of each
         self.rows = k
-        real = clients.clipped_grad_sums
+        real_sums, self.mech = clients.clipped_grad_sums, algo.mech
 
-        def clipped_grad_sums(x, rate, clip):       # the run's step, then the canaries' at its rate and clip
-            out = real(x, rate, clip)
-            self.step(rate, clip)
+        def clipped_grad_sums(x, rate, clip):       # the run's step; the canaries' at its rate and clip
+            out = real_sums(x, rate, clip)
+            self.block = self.sample(rate, clip)
+            if not inband:                          # beside the run: the run's privatizer, the canaries' draws
+                self.take(self.steps + 1, self.mech(self.block, self.gen))
             return out
 
         clients.clipped_grad_sums = clipped_grad_sums
+        if inband:                                  # in the run's own noise call: coordinates of each client's sum
+            algo.mech = _Joined(self)
 
-    def step(self, rate: float, clip: float) -> None:
-        """One DP-SGD step of every client: each "in" canary is sampled at ``rate``, its gradient ±R·e_c clipped
-        to ``clip`` by the run's rule and summed into its coordinate, and the run's privatizer adds noise."""
-        self.steps += 1
-        gen, mech, sign = self.draws(self.steps), self.algo.mech, self.sign(self.steps)
-        sampled = (torch.rand(self.n, generator=gen, device=self.device) < rate) & self.is_in
-        grad = torch.full((self.n,), sign * OVERSIZE, device=self.device, dtype=self.dtype)
+    def sample(self, rate: float, clip: float) -> torch.Tensor:
+        """Each "in" canary sampled at ``rate``, its gradient ±R·e_c clipped to ``clip`` by the run's rule, in
+        its client's row: the canaries' coordinates of each client's clipped sum."""
+        step = self.steps + 1
+        self.gen = round_generator(self.seed, AUDIT, step, self.device)
+        sampled = (torch.rand(self.n, generator=self.gen, device=self.device) < rate) & self.is_in
+        grad = torch.full((self.n,), self.sign(step) * OVERSIZE, device=self.device, dtype=self.dtype)
         clipped = grad * clipping.clip_factors(grad.double() ** 2, clip).to(self.dtype)
         sums = torch.zeros(self.rows, self.n, device=self.device, dtype=self.dtype)
         sums[self.own] = clipped * sampled
-        y = sign * mech(sums, gen).double() / mech.std                          # each client's noisy sum
+        return sums
+
+    def take(self, step: int, y: torch.Tensor) -> None:
+        y = self.sign(step) * y.double() / self.mech.std                       # each client's noisy sum
         q, sigma = self.claimed()
         own, other = y[self.own], y[self.other]
         self.scores += torch.stack([sampled_llr(own, q, 1 / sigma),
                                     sampled_llr((own - other) * PAIRED_SHRINK, q, PAIRED_SHRINK / sigma)])
+        self.steps += 1
+
+    def observe(self, step: int) -> None:
+        """Nothing after a communication step: the canaries step with each DP-SGD step (``sample``)."""
 
     def claimed(self) -> tuple[float, float]:
         """The sampling rate and noise multiplier the run's certificate was computed with."""
@@ -273,10 +323,30 @@ class SampleCanaries(Canaries):
         return sampled_llr(b * inside * shrink / sigma + rng.standard_normal((m, k)), q, shrink / sigma).sum(1)
 
 
-def canaries_for(algo, clients, n: int, d: int, seed: int, device: torch.device, dtype: torch.dtype) -> Canaries:
-    """The audit of ``algo``'s mechanism family (``config.AUDITED`` lists which algorithms have one)."""
+class _Joined:
+    """In-band DP-SGD: the run's privatizer with the canaries' coordinates appended to every client's clipped
+    sum in its own call (its own draws), split off again before the step uses the sum."""
+
+    def __init__(self, canaries: SampleCanaries):
+        self.canaries = canaries
+
+    def __getattr__(self, name):
+        return getattr(self.canaries.mech, name)
+
+    def __call__(self, sums: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        c = self.canaries
+        y = c.mech(torch.cat([sums, c.block.to(sums.dtype)], 1), gen)
+        c.take(c.steps + 1, y[:, sums.shape[1]:])
+        return y[:, :sums.shape[1]]
+
+
+def canaries_for(algo, clients, n: int, d: int, seed: int, device: torch.device, dtype: torch.dtype,
+                 mode: str = "sidecar") -> Canaries:
+    """The audit of ``algo``'s mechanism family (``config.AUDITED`` lists which algorithms have one), beside the
+    run (``sidecar``) or in its privatizer calls (``inband``)."""
+    inband = mode == "inband"
     if algo.mech.unit == "sample":
-        return SampleCanaries(algo, clients, n, seed, device, dtype)
+        return SampleCanaries(algo, clients, n, seed, device, dtype, inband)
     if algo.mech.who == "server":
-        return CentralCanaries(algo, n, seed, device, dtype)
-    return ClientCanaries(algo, n, d, seed, device, dtype)
+        return CentralCanaries(algo, n, seed, device, dtype, inband)
+    return ClientCanaries(algo, n, d, seed, device, dtype, inband)
