@@ -69,11 +69,12 @@ ALI_CAUSE = ("Checked against the authors' code, setting by setting, at R_c = 17
              "79.64); the code has no budget stop, its round counts were set by hand.")
 NFA_TOL = dict(tolerance=1.0, why="3 seeds (paper std ≤ 0.15); unstated details (batch order, the "
                "sampler's dropped tail) move the mean by a few tenths")
-NFA_BIN_CAUSE = ("Seed 0 of the Binomial column only so far: it trains 1.7 points better than the paper's "
-                 "(19.11 vs 20.82; the run of 2026-11-23, now in docs/reproduction/archive/, gave the same 19.11). "
-                 "Its N = 2,843,701 and t = 23 are what reading C-N7 derives (t as in Table 4; tests/test_qtdl.py), "
-                 "so the gap is in training, not in the mechanism's parameters. The QTDL columns are not in the "
-                 "records yet (the archived seed-0 runs were 0.51 and 0.41 points off). Not resolved.")
+NFA_BIN_CAUSE = ("All three seeds of the Binomial column train better than the paper's, by 1.28 points on the "
+                 "mean (19.54 ± 0.37 vs 20.82 ± 0.04; seeds 19.11, 19.77, 19.73; seed 0's run of 2026-11-23, now "
+                 "in docs/reproduction/archive/, gave the same 19.11). Its N = 2,843,701 and t = 23 are what "
+                 "reading C-N7 derives (t as in Table 4; tests/test_qtdl.py), so the gap is in training, not in "
+                 "the mechanism's parameters. QTDL s = 2^12, seed 0 so far, is 0.51 points off (17.82 vs 17.31). "
+                 "Not resolved.")
 NFA_T5_CAUSE = ("Aggregate-level noise is read as each client's own draw for sensitivities Δ/r (the paper's "
                 "per-client m_i, α_i; noise_at=client_aggregate, reading C-N6): one server draw on the mean "
                 "(noise_at=server) has 5 times the std there and made every run diverge within 5 rounds. With it "
