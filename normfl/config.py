@@ -310,10 +310,11 @@ def _validate_dpfl(cfg: DictConfig) -> None:
         raise ConfigError("model.norm", "batch", "group (DP-SGD's per-sample gradients are undefined with BatchNorm)")
 
 
+# the algorithms whose mechanism has a canary audit (normfl.privacy.audit.canaries): Gaussian noise added by each
+# client or by the server, and DP-SGD on each client; NormFedAvg's discrete mechanisms are audited one message
+# at a time instead (normfl.privacy.audit.messages, make audit)
 AUDITED = ("normfl.algorithms.NormEC", "normfl.algorithms.Clip21", "normfl.algorithms.FedNormEC",
-           "normfl.algorithms.FedAvg", "normfl.algorithms.DPSGDNorm",       # client or server Gaussian noise
-           "normfl.algorithms.DPFL")                                          # DP-SGD on each client
-# (normfl.privacy.audit.canaries); NormFedAvg's discrete mechanisms are audited per message (audit.messages)
+           "normfl.algorithms.FedAvg", "normfl.algorithms.DPSGDNorm", "normfl.algorithms.DPFL")
 AUDIT_MODES = ("sidecar", "inband")
 
 

@@ -31,7 +31,7 @@ from scipy.optimize import brentq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from normfl.privacy.audit import messages  # noqa: E402
-from normfl.privacy.audit.canaries import FPR_LEVELS  # noqa: E402
+from normfl.privacy.audit.canaries import thresholds_from  # noqa: E402
 from normfl.privacy.audit.stats import eps_lower, gdp_epsilon, mu_lower  # noqa: E402
 
 BASE = ["dataset=fashion_mnist", "model=logreg", "dataset.train_limit=10000", "dataset.test_limit=2000",
@@ -70,11 +70,16 @@ MESSAGES = [  # (name, audit)
 NEEDED_EPS, NEEDED_N, DELTA = (1.0, 4.0, 8.0), (1_000, 10_000, 100_000), 1e-5
 
 
+def value(overrides: list[str], key: str) -> str:
+    """The value ``overrides`` give ``key``."""
+    return next(o for o in overrides if o.startswith(f"{key}=")).split("=", 1)[1]
+
+
 def train(name: str, canaries: int, overrides: list[str], root: Path) -> dict:
     """One audited run; its summary's audit block, the certified ε and the wall time."""
     slug = "-".join("".join(c if c.isascii() and c.isalnum() else " " for c in name.lower()).split())[:60]
     cmd = [sys.executable, "train.py", *BASE, *overrides, f"audit.canaries={canaries}",
-           f"eval_every={next(o for o in overrides if o.startswith('rounds=')).split('=')[1]}",
+           f"eval_every={value(overrides, 'rounds')}",
            f"hydra.run.dir={root / slug}"]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -97,8 +102,8 @@ def needed() -> list[tuple]:
     rows = []
     for eps in NEEDED_EPS:
         mu = gdp_mu(eps, DELTA)
-        out = np.random.default_rng(0).standard_normal(4000)           # the claim's "out" law, simulated
-        t = np.concatenate([np.quantile(out, 1 - np.array(FPR_LEVELS)), mu * np.array([0.25, 0.5, 0.75])])
+        rng = np.random.default_rng(0)                               # the claim's laws, simulated
+        t = thresholds_from(rng.standard_normal(4000), mu + rng.standard_normal(4000))
         for n in NEEDED_N:
             cp, gdp = [], []
             for seed in range(5):
@@ -149,7 +154,7 @@ def main() -> None:
               f"{f['seconds']:.0f} s |")
     for (name, _, _, overrides), f in zip(runs, found, strict=True):
         a = f["audit"]
-        target = float(next(o for o in overrides if o.startswith("privacy.epsilon=")).split("=")[1])
+        target = float(value(overrides, "privacy.epsilon"))
         if a is None or a["eps_certified"] is None or a["eps_certified"] <= 1.01 * target:
             continue
         shown = max(a["eps_lower"], a["eps_lower_curve"])

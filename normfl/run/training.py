@@ -48,10 +48,11 @@ class Training:
         self.cfg, self.out_dir, self.key, self.t_start, self.setup = cfg, Path(out_dir), key, t_start, setup
         self.rundir = rundir
         self.algo, self.clients, self.x, flat = setup.algo, setup.clients, setup.x, setup.flat
-        self.round = round_of(self.algo, self.clients)      # the algorithm's round, or that round captured whole
         audit = cfg.get("audit", {})
         self.audit = canaries_for(self.algo, self.clients, audit.canaries, flat.dim, cfg.seed, setup.device,
                                   self.x.dtype, audit.get("mode", "sidecar")) if audit.get("canaries") else None
+        # the algorithm's round, or that round captured whole (not in-band: a graph replays no canary's scoring)
+        self.round = self.algo.round if self.audit and self.audit.inband else round_of(self.algo, self.clients)
         label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
             self.out_dir / "partition.csv")
         self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))

@@ -19,15 +19,19 @@ score:
   does not see who took part, the likelihood ratio of the sampled Gaussian over every round.
 - **DP-SGD clients** (ALI-DPFL, DPFL): N canary samples spread over the clients, each a per-sample gradient
   R·e_c on a dummy coordinate of its own. Every DP-SGD step, each "in" canary enters its client's batch
-  with the rate the run passes to its Poisson sampler, is clipped by the run's clipping rule with the run's
-  clip, and the sum gets the run's noise. Observed: every noisy step; score: the sampled Gaussian's
+  with the privatizer's sampling rate, is clipped by the run's clipping rule to the privatizer's clip, and the
+  sum gets the run's noise. Observed: every noisy step; score: the sampled Gaussian's
   likelihood ratio Σ_t log(1 - q + q·exp((y_t/C - ½)/σ²)) at the claimed q and σ.
 
 Thresholds are fixed from the claim before any score is seen: quantiles of scores simulated under the
 claimed mechanism. The canaries draw from a random stream of their own (``AUDIT``) and stay out of the
 model, so a run's parameters are the same bits with and without its audit. What the audit does not see:
 anything that never reaches the privatized vector through these paths (BatchNorm statistics: the summary's
-``privacy.not_covered``; a bug inside the Poisson sampler itself rather than in the rate passed to it).
+``privacy.not_covered``; a bug inside the Poisson sampler itself rather than in the rate it is given).
+
+The canaries observe every release the run's ledger counts (``algo.releases``: one a communication step, or
+each DP-SGD step), after the step beside the run (``sidecar``), or inside the run's own privatizer call
+(``inband``: ``_Joined``, the canaries' block joined to the run's vector and split off again).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import torch
 from dp_accounting.pld import privacy_loss_distribution as plds
 
 from normfl.engine import clipping
-from normfl.ops import AUDIT, round_generator
+from normfl.ops import AUDIT, Streams, round_generator
 from normfl.privacy.accounting import GaussianRelease
 from normfl.privacy.audit.stats import curve_eps_lower, eps_lower, gdp_epsilon, mu_lower
 
@@ -52,63 +56,59 @@ FPR_LEVELS = (0.3, 0.1, 0.03, 0.01, 3e-3, 1e-3, 3e-4)      # thresholds at these
 
 
 class Canaries:
-    """What every family shares: N canaries, the first half "in", their scores, the steps observed, and the
-    summary's ``audit`` block. ``observe(step)`` after each communication step, ``result`` at the end."""
+    """What every family shares: N canaries, the first half "in", their scores, the releases observed, and the
+    summary's ``audit`` block. ``observe(step)`` after each communication step, ``result`` at the end. A family
+    says what a release of its canaries is (``make``), how it is scored (``take``), where its block joins the
+    run's vector in-band (``joins``), and what the certificate claims (``claimed``, ``simulate``)."""
 
     family: str
     observer: str
-
     scores_kept: tuple[str, ...] = ("own",)
+    joins: int                                       # the axis along which the block joins the run's vector
 
     def __init__(self, algo, n: int, seed: int, device: torch.device, inband: bool = False):
         self.algo, self.n, self.seed, self.device, self.inband = algo, n, seed, device, inband
+        self.streams = Streams(seed)                 # the canaries' generator, reseeded for each release
         self.is_in = torch.arange(n, device=device) < n // 2
         self.scores = torch.zeros(len(self.scores_kept), n, device=device, dtype=torch.float64)
-        self.steps = 0
+        self.steps = 0                               # releases observed
+        self.mech = algo.mech                        # the run's privatizer
+        if inband:                                   # the canaries ride on its calls
+            algo.mech = _Joined(self)
 
     def sign(self, step: int) -> int:
-        """Canaries alternate their sign from step to step: a correct privatizer's scores keep their law, and
-        noise reused across steps cancels out of the score instead of piling up in it."""
+        """Canaries alternate their sign from release to release: a correct privatizer's scores keep their law,
+        and noise reused across releases cancels out of the score instead of piling up in it."""
         return 1 if step % 2 else -1
 
     def observe(self, step: int) -> None:
-        """Communication step ``step`` has been taken (steps count from 1): beside the run, the canaries'
-        block goes through the run's privatizer with draws of their own."""
-        if not self.inband:
-            block = self.begin(step)
-            self.take(step, self.algo.mech(block, self.gen))
+        """Communication step ``step`` has been taken (steps count from 1): beside the run, each release it made
+        is matched by one of the canaries' block through the run's privatizer, with draws of their own."""
+        while not self.inband and self.steps < self.algo.releases(step):
+            block = self.begin()
+            self.take(self.mech(block, self.gen))
 
-    def begin(self, step: int) -> torch.Tensor:
-        """Step ``step``'s block of canary releases (who takes part drawn from the canaries' stream, ``gen``)."""
-        self.gen = round_generator(self.seed, AUDIT, step, self.device)
-        return self.make(step)
+    def begin(self) -> torch.Tensor:
+        """The next release's block of canaries (who takes part drawn from the canaries' stream, ``gen``)."""
+        self.gen = self.streams(AUDIT, self.steps + 1, self.device)
+        return self.make(self.sign(self.steps + 1))
 
-    def make(self, step: int) -> torch.Tensor:
+    def make(self, sign: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def take(self, step: int, y: torch.Tensor) -> None:
-        """Score the privatized block ``y``."""
+    def take(self, y: torch.Tensor) -> None:
+        """Score the privatized block ``y`` of the release under way, and count it."""
+        self.scores += self.score(self.sign(self.steps + 1) * y.double() / self.mech.std)
+        self.steps += 1
+
+    def score(self, y: torch.Tensor) -> torch.Tensor:
+        """Each kind of score of one release, from its block in the noise's std units, signs undone."""
         raise NotImplementedError
-
-    def join_privatize(self, dim: int) -> None:
-        """In-band: the canaries' block joins the run's own vector in its privatizer call (rows for client
-        noise, coordinates for central noise), with the run's noise draws; their part of the output is split
-        off before the algorithm uses it. The very call is audited, and the run's draws shift."""
-        real = self.algo.privatize
-
-        def privatize(v: torch.Tensor, k: int) -> torch.Tensor:
-            step = self.steps + 1
-            block = self.begin(step)
-            y = real(torch.cat([v, block], dim), k)
-            self.take(step, y.narrow(dim, v.shape[dim], block.shape[dim]))
-            return y.narrow(dim, 0, v.shape[dim])
-
-        self.algo.privatize = privatize
 
     # -- what the certificate claims, and what a canary's score would be under it --------------------------
-    def claim(self) -> tuple[GaussianRelease, int]:
-        """The release the certificate composes, and how many times."""
-        raise NotImplementedError
+    def claimed(self) -> GaussianRelease:
+        """The release the certificate composes (once per release observed)."""
+        return self.mech.release()
 
     def simulate(self, rng: np.random.Generator, inside: bool, m: int, shrink: float) -> np.ndarray:
         """``m`` canaries' scores as the claimed mechanism would make them, with the signal shrunk by
@@ -116,19 +116,16 @@ class Canaries:
         raise NotImplementedError
 
     def thresholds(self, shrink: float) -> np.ndarray:
-        """Fixed by the claim alone (a seeded simulation), before any score is seen: the "out" scores' upper
-        quantiles, which make the tightest tests of a correct privatizer, and points between the "out" and
-        "in" means, where a privatizer with too little noise separates them."""
+        """Fixed by the claim alone (a seeded simulation), before any score is seen (``thresholds_from``)."""
         rng = np.random.default_rng(self.seed)
         out, inside = (self.simulate(rng, b, SIMULATED, shrink) for b in (False, True))
-        between = out.mean() + (inside.mean() - out.mean()) * np.array([0.25, 0.5, 0.75])
-        return np.unique(np.concatenate([np.quantile(out, 1 - np.asarray(FPR_LEVELS)), between]))
+        return thresholds_from(out, inside)
 
     def result(self, eps_certified: float | None, delta: float) -> dict:
         """The summary's ``audit`` block: the assumption-free (ε, δ) bound, the test against the certified
         trade-off curve (Gaussian DP where the claim is exactly that, the accountant's PLD curve otherwise),
         and the verdict; each score kept and each route gets an equal share of ALPHA."""
-        release, k = self.claim()
+        release, k = self.claimed(), self.steps
         alpha = ALPHA / (2 * len(self.scores_kept))
         inside, found = self.is_in.cpu().numpy(), []
         for kind, s in zip(self.scores_kept, self.scores.cpu().numpy(), strict=True):
@@ -149,6 +146,45 @@ class Canaries:
                 "curve": "PLD" if release.sampled else "GDP", "confidence": 1 - ALPHA, "scores": found,
                 "eps_certified": eps_certified, "delta": delta,
                 "verdict": "refutes the certificate" if refutes else "consistent with the certificate"}
+
+
+class _Joined:
+    """In-band: the run's privatizer, with the canaries' block joined to the run's vector in its own call (its
+    own draws) and split off again before the algorithm uses the result. Everything else is the privatizer's."""
+
+    def __init__(self, canaries: Canaries):
+        self.canaries = canaries
+
+    def __getattr__(self, name):
+        return getattr(self.canaries.mech, name)
+
+    def __call__(self, v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        c, dim = self.canaries, self.canaries.joins
+        block = c.begin().to(v.dtype)
+        y = c.mech(torch.cat([v, block], dim), gen)
+        c.take(y.narrow(dim, v.shape[dim], block.shape[dim]))
+        return y.narrow(dim, 0, v.shape[dim])
+
+
+def thresholds_from(out: np.ndarray, inside: np.ndarray) -> np.ndarray:
+    """Thresholds from scores simulated under the claim: the "out" scores' upper quantiles, which make the
+    tightest tests of a correct privatizer, and points between the "out" and "in" means, where a privatizer
+    with too little noise separates them."""
+    between = out.mean() + (inside.mean() - out.mean()) * np.array([0.25, 0.5, 0.75])
+    return np.unique(np.concatenate([np.quantile(out, 1 - np.asarray(FPR_LEVELS)), between]))
+
+
+def simulated_sums(rng: np.random.Generator, k: int, p: float, mu: float, inside: bool, m: int) -> np.ndarray:
+    """Linear scores of m canaries over k releases, each taken part in w.p. p: a sum of N(±μ·inside, 1) over
+    the releases taken part in (signs undone)."""
+    taken = rng.binomial(k, p, m)
+    return taken * mu * inside + np.sqrt(taken) * rng.standard_normal(m)
+
+
+def simulated_llrs(rng: np.random.Generator, k: int, q: float, mu: float, inside: bool, m: int) -> np.ndarray:
+    """Sampled-Gaussian likelihood-ratio scores of m canaries over k releases, each present w.p. q."""
+    b = rng.random((m, k)) < q
+    return sampled_llr(b * mu * inside + rng.standard_normal((m, k)), q, mu).sum(1)
 
 
 def claimed_pld(release: GaussianRelease, k: int, z: float, pessimistic: bool = True):
@@ -179,36 +215,27 @@ class ClientCanaries(Canaries):
     family = "client-level Gaussian, noise added by each client"
     observer = "each canary's noisy upload, every step it takes part"
     scores_kept = ("own", "paired")
+    joins = 0                                                      # rows beside the clients'
 
     def __init__(self, algo, n: int, d: int, seed: int, device: torch.device, dtype: torch.dtype,
                  inband: bool = False):
         super().__init__(algo, n, seed, device, inband)
-        gen = round_generator(seed, AUDIT, 0, "cpu")              # the directions: draw 0; step k's: draw k
+        gen = round_generator(seed, AUDIT, 0, "cpu")              # the directions: draw 0; release k's: draw k
         u = torch.randn(n, d, generator=gen, dtype=torch.float64)
         self.u = (u / torch.linalg.vector_norm(u, dim=1, keepdim=True)).to(device, dtype)
         at_bound = algo.bounding(self.u * OVERSIZE)               # Ψ(u_c) at its bound, through the run's Ψ
         self.release = torch.cat([at_bound * self.is_in[:, None], torch.zeros_like(at_bound)])
-        if inband:
-            self.join_privatize(0)
 
-    def make(self, step: int) -> torch.Tensor:
+    def make(self, sign: int) -> torch.Tensor:
         self.takes_part = torch.rand(self.n, generator=self.gen, device=self.device) < self.algo.p
-        return self.sign(step) * self.release
+        return sign * self.release
 
-    def take(self, step: int, y: torch.Tensor) -> None:
+    def score(self, y: torch.Tensor) -> torch.Tensor:
         own, blank = ((rows * self.u).sum(1, dtype=torch.float64) for rows in (y[:self.n], y[self.n:]))
-        self.scores += (self.sign(step) * self.takes_part * torch.stack([own, (own - blank) * PAIRED_SHRINK])
-                        / self.algo.mech.std)
-        self.steps += 1
-
-    def claim(self):
-        return self.algo.mech.release(), self.algo.releases(self.steps)
+        return self.takes_part * torch.stack([own, (own - blank) * PAIRED_SHRINK])
 
     def simulate(self, rng, inside, m, shrink):
-        release, _ = self.claim()
-        mu = shrink / release.noise_multiplier                      # a release at the bound, in std units
-        taken = rng.binomial(self.steps, self.algo.p, m)
-        return taken * mu * inside + np.sqrt(taken) * rng.standard_normal(m)
+        return simulated_sums(rng, self.steps, self.algo.p, shrink / self.claimed().noise_multiplier, inside, m)
 
 
 class CentralCanaries(Canaries):
@@ -216,6 +243,7 @@ class CentralCanaries(Canaries):
     there is nothing shared to pair against)."""
 
     family = "Gaussian noise added by the server to the aggregate"
+    joins = -1                                                     # coordinates after the aggregate's
 
     def __init__(self, algo, n: int, seed: int, device: torch.device, dtype: torch.dtype, inband: bool = False):
         super().__init__(algo, n, seed, device, inband)
@@ -226,33 +254,20 @@ class CentralCanaries(Canaries):
         self.hidden = mech.release().sampled        # amplification claimed: the observer must not see who took part
         self.observer = ("the noised aggregate's canary coordinates, every round, not knowing who took part"
                          if self.hidden else "the noised aggregate's canary coordinates, every round it takes part")
-        if inband:
-            self.join_privatize(-1)
 
-    def make(self, step: int) -> torch.Tensor:
+    def make(self, sign: int) -> torch.Tensor:
         self.takes_part = torch.rand(self.n, generator=self.gen, device=self.device) < self.algo.p
-        return self.sign(step) * self.contribution * self.takes_part
+        return sign * self.contribution * self.takes_part
 
-    def take(self, step: int, y: torch.Tensor) -> None:
-        mech = self.algo.mech
-        y = self.sign(step) * y.double() / mech.std                              # in std units
+    def score(self, y: torch.Tensor) -> torch.Tensor:
         if self.hidden:
-            self.scores[0] += sampled_llr(y, self.algo.p, mech.sensitivity / mech.std)
-        else:
-            self.scores[0] += self.takes_part * y
-        self.steps += 1
-
-    def claim(self):
-        return self.algo.mech.release(), self.algo.releases(self.steps)
+            return sampled_llr(y, self.algo.p, self.mech.sensitivity / self.mech.std)[None]
+        return (self.takes_part * y)[None]
 
     def simulate(self, rng, inside, m, shrink):
-        release, k = self.claim()
-        mu, p = shrink / release.noise_multiplier, self.algo.p
-        if self.hidden:
-            b = rng.random((m, k)) < p
-            return sampled_llr(b * mu * inside + rng.standard_normal((m, k)), p, mu).sum(1)
-        taken = rng.binomial(k, p, m)
-        return taken * mu * inside + np.sqrt(taken) * rng.standard_normal(m)
+        mu = shrink / self.claimed().noise_multiplier
+        simulated = simulated_llrs if self.hidden else simulated_sums
+        return simulated(rng, self.steps, self.algo.p, mu, inside, m)
 
 
 class SampleCanaries(Canaries):
@@ -263,81 +278,41 @@ class SampleCanaries(Canaries):
     family = "DP-SGD on each client: Poisson-sampled Gaussian, sample level"
     observer = "every noisy DP-SGD step of the canary's client"
     scores_kept = ("own", "paired")
+    joins = 1                                                      # coordinates after each client's sum
 
-    def __init__(self, algo, clients, n: int, seed: int, device: torch.device, dtype: torch.dtype,
+    def __init__(self, algo, clients: int, n: int, seed: int, device: torch.device, dtype: torch.dtype,
                  inband: bool = False):
         super().__init__(algo, n, seed, device, inband)
-        self.dtype, k = dtype, len(clients.data.parts)
-        if k < 2:
+        if clients < 2:
             raise ValueError("a DP-SGD audit pairs each client's noisy sum with another client's: it needs 2 clients")
         coords = torch.arange(n, device=device)
-        self.own, self.other = (coords % k, coords), ((coords + 1) % k, coords)   # (client, coordinate) of each
-        self.rows = k
-        real_sums, self.mech = clients.clipped_grad_sums, algo.mech
+        self.own, self.other = (coords % clients, coords), ((coords + 1) % clients, coords)   # (client, coordinate)
+        self.rows, self.dtype = clients, dtype
 
-        def clipped_grad_sums(x, rate, clip):       # the run's step; the canaries' at its rate and clip
-            out = real_sums(x, rate, clip)
-            self.block = self.sample(rate, clip)
-            if not inband:                          # beside the run: the run's privatizer, the canaries' draws
-                self.take(self.steps + 1, self.mech(self.block, self.gen))
-            return out
-
-        clients.clipped_grad_sums = clipped_grad_sums
-        if inband:                                  # in the run's own noise call: coordinates of each client's sum
-            algo.mech = _Joined(self)
-
-    def sample(self, rate: float, clip: float) -> torch.Tensor:
-        """Each "in" canary sampled at ``rate``, its gradient ±R·e_c clipped to ``clip`` by the run's rule, in
-        its client's row: the canaries' coordinates of each client's clipped sum."""
-        step = self.steps + 1
-        self.gen = round_generator(self.seed, AUDIT, step, self.device)
-        sampled = (torch.rand(self.n, generator=self.gen, device=self.device) < rate) & self.is_in
-        grad = torch.full((self.n,), self.sign(step) * OVERSIZE, device=self.device, dtype=self.dtype)
-        clipped = grad * clipping.clip_factors(grad.double() ** 2, clip).to(self.dtype)
+    def make(self, sign: int) -> torch.Tensor:
+        """Each "in" canary sampled at the privatizer's rate, its gradient ±R·e_c clipped to its clip by the run's
+        rule, in its client's row: the canaries' coordinates of each client's clipped sum."""
+        mech = self.mech
+        sampled = (torch.rand(self.n, generator=self.gen, device=self.device) < mech.rate) & self.is_in
+        grad = torch.full((self.n,), sign * OVERSIZE, device=self.device, dtype=self.dtype)
+        clipped = grad * clipping.clip_factors(grad.double() ** 2, mech.clip).to(self.dtype)
         sums = torch.zeros(self.rows, self.n, device=self.device, dtype=self.dtype)
         sums[self.own] = clipped * sampled
         return sums
 
-    def take(self, step: int, y: torch.Tensor) -> None:
-        y = self.sign(step) * y.double() / self.mech.std                       # each client's noisy sum
-        q, sigma = self.claimed()
+    def score(self, y: torch.Tensor) -> torch.Tensor:
+        q, sigma = self.algo.ledger.q, self.algo.ledger.sigma
         own, other = y[self.own], y[self.other]
-        self.scores += torch.stack([sampled_llr(own, q, 1 / sigma),
-                                    sampled_llr((own - other) * PAIRED_SHRINK, q, PAIRED_SHRINK / sigma)])
-        self.steps += 1
+        return torch.stack([sampled_llr(own, q, 1 / sigma),
+                            sampled_llr((own - other) * PAIRED_SHRINK, q, PAIRED_SHRINK / sigma)])
 
-    def observe(self, step: int) -> None:
-        """Nothing after a communication step: the canaries step with each DP-SGD step (``sample``)."""
-
-    def claimed(self) -> tuple[float, float]:
-        """The sampling rate and noise multiplier the run's certificate was computed with."""
-        return self.algo.ledger.q, self.algo.ledger.sigma
-
-    def claim(self):
-        q, sigma = self.claimed()
-        return GaussianRelease(sigma, q, amplification=True), self.steps
+    def claimed(self) -> GaussianRelease:
+        """The sampling rate and noise multiplier the run's certificate was computed with (its ledger's)."""
+        return GaussianRelease(self.algo.ledger.sigma, self.algo.ledger.q, amplification=True)
 
     def simulate(self, rng, inside, m, shrink):
-        (q, sigma), k = self.claimed(), self.steps
-        b = rng.random((m, k)) < q
-        return sampled_llr(b * inside * shrink / sigma + rng.standard_normal((m, k)), q, shrink / sigma).sum(1)
-
-
-class _Joined:
-    """In-band DP-SGD: the run's privatizer with the canaries' coordinates appended to every client's clipped
-    sum in its own call (its own draws), split off again before the step uses the sum."""
-
-    def __init__(self, canaries: SampleCanaries):
-        self.canaries = canaries
-
-    def __getattr__(self, name):
-        return getattr(self.canaries.mech, name)
-
-    def __call__(self, sums: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        c = self.canaries
-        y = c.mech(torch.cat([sums, c.block.to(sums.dtype)], 1), gen)
-        c.take(c.steps + 1, y[:, sums.shape[1]:])
-        return y[:, :sums.shape[1]]
+        claim = self.claimed()
+        return simulated_llrs(rng, self.steps, claim.sampling, shrink / claim.noise_multiplier, inside, m)
 
 
 def canaries_for(algo, clients, n: int, d: int, seed: int, device: torch.device, dtype: torch.dtype,
@@ -346,7 +321,7 @@ def canaries_for(algo, clients, n: int, d: int, seed: int, device: torch.device,
     run (``sidecar``) or in its privatizer calls (``inband``)."""
     inband = mode == "inband"
     if algo.mech.unit == "sample":
-        return SampleCanaries(algo, clients, n, seed, device, dtype, inband)
+        return SampleCanaries(algo, len(clients.data.parts), n, seed, device, dtype, inband)
     if algo.mech.who == "server":
         return CentralCanaries(algo, n, seed, device, dtype, inband)
     return ClientCanaries(algo, n, d, seed, device, dtype, inband)

@@ -48,7 +48,7 @@ import torch
 from scipy.stats import binom
 
 from normfl.ops import AUDIT, round_generator
-from normfl.privacy.audit.stats import eps_lower, rate_bounds
+from normfl.privacy.audit.stats import eps_lower, threshold_tests
 from normfl.privacy.qtdl import (
     QTDL,
     Binomial,
@@ -175,21 +175,16 @@ def thresholds(eps0: float) -> tuple[float, ...]:
 def delta_lower(scores_u: np.ndarray, scores_u_prime: np.ndarray, eps0: float, ts: tuple[float, ...],
                 alpha: float) -> dict:
     """max over the thresholds t and the two directions of TPR_lo - e^ε₀ FPR_hi, with probability ≥ 1 - α:
-    "score > t" tells u from u′, "score ≤ t" tells u′ from u (the tests ``stats.eps_lower`` makes).
-    ``{"delta_lower", "threshold", "direction", "tpr", "fpr"}``; 0 when no test shows anything."""
-    n_u, n_v = len(scores_u), len(scores_u_prime)
-    tests = 2 * len(ts)               # two one-sided bounds a test, α shared over the tests (Bonferroni)
+    "score > t" tells u from u′, "score ≤ t" tells u′ from u (``stats.threshold_tests``, the tests
+    ``stats.eps_lower`` makes). ``{"delta_lower", "threshold", "direction", "tpr", "fpr"}``; 0 when no test
+    shows anything."""
     best = {"delta_lower": 0.0, "threshold": None, "direction": None, "tpr": None, "fpr": None}
-    for t in ts:
-        hit_u, hit_v = int((scores_u > t).sum()), int((scores_u_prime > t).sum())
-        for direction, hits, n_hits, misses, n_misses in (("u vs u'", hit_u, n_u, hit_v, n_v),
-                                                          ("u' vs u", n_v - hit_v, n_v, n_u - hit_u, n_u)):
-            lo, _ = rate_bounds(hits, n_hits, alpha / tests)
-            _, hi = rate_bounds(misses, n_misses, alpha / tests)
-            bound = lo - math.exp(eps0) * hi
-            if bound > best["delta_lower"]:
-                best = {"delta_lower": bound, "threshold": float(t), "direction": direction,
-                        "tpr": hits / n_hits, "fpr": misses / n_misses}
+    for test in threshold_tests(scores_u, scores_u_prime, ts, alpha):
+        bound = test.lo - math.exp(eps0) * test.hi
+        if bound > best["delta_lower"]:
+            best = {"delta_lower": bound, "threshold": test.threshold,
+                    "direction": "u vs u'" if test.forward else "u' vs u",
+                    "tpr": test.hits / test.n_hits, "fpr": test.misses / test.n_misses}
     return best
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from scipy.optimize import brentq
@@ -66,26 +67,53 @@ def _clopper_pearson(hits: int, trials: int, alpha: float) -> tuple[float, float
     return float(ci.low), float(ci.high)
 
 
-def eps_lower(scores_in: Sequence[float], scores_out: Sequence[float], delta: float,
-              thresholds: Sequence[float], alpha: float = 0.05) -> dict:
-    """The largest ε lower bound over ``thresholds`` (chosen before the scores were seen), holding with
-    probability at least 1 - α over the canaries' randomness: ``{"eps_lower", "threshold", "tpr", "fpr"}``
-    (0 when no threshold shows anything)."""
+class Test(NamedTuple):
+    """One test a threshold makes: ``forward`` "score > t" tells in from out (its hits the "in" scores above t,
+    its misses the "out" ones), else "score ≤ t" tells out from in. ``lo``: the exact lower bound on its hit
+    rate; ``hi``: the upper bound on its miss rate."""
+
+    threshold: float
+    forward: bool
+    hits: int
+    n_hits: int
+    misses: int
+    n_misses: int
+    lo: float
+    hi: float
+
+
+def threshold_tests(scores_in: Sequence[float], scores_out: Sequence[float], thresholds: Sequence[float],
+                    alpha: float = 0.05):
+    """The two ``Test``s of each threshold, their bounds holding all together with probability at least 1 - α
+    (Bonferroni over the two one-sided bounds of every test)."""
     s_in, s_out = np.asarray(scores_in, dtype=float), np.asarray(scores_out, dtype=float)
     if not len(s_in) or not len(s_out):
         raise ValueError("an audit needs canaries in and canaries out")
     tests = 2 * len(thresholds)       # two directions a threshold, two one-sided bounds each: α shared (Bonferroni)
-    best = {"eps_lower": 0.0, "threshold": None, "tpr": None, "fpr": None}
     for t in thresholds:
         tp, fp = int((s_in > t).sum()), int((s_out > t).sum())
-        for hits, n_hits, misses, n_misses in ((tp, len(s_in), fp, len(s_out)),                 # TPR vs FPR
-                                               (len(s_out) - fp, len(s_out), len(s_in) - tp, len(s_in))):  # TNR vs FNR
+        for forward, hits, n_hits, misses, n_misses in ((True, tp, len(s_in), fp, len(s_out)),       # TPR vs FPR
+                                                        (False, len(s_out) - fp, len(s_out), len(s_in) - tp,
+                                                         len(s_in))):                                  # TNR vs FNR
             lo, _ = rate_bounds(hits, n_hits, alpha / tests)
             _, hi = rate_bounds(misses, n_misses, alpha / tests)
-            if lo > delta and hi > 0:
-                eps = math.log((lo - delta) / hi)
-                if eps > best["eps_lower"]:
-                    best = {"eps_lower": eps, "threshold": float(t), "tpr": tp / len(s_in), "fpr": fp / len(s_out)}
+            yield Test(float(t), forward, hits, n_hits, misses, n_misses, lo, hi)
+
+
+def eps_lower(scores_in: Sequence[float], scores_out: Sequence[float], delta: float,
+              thresholds: Sequence[float], alpha: float = 0.05) -> dict:
+    """The largest ε lower bound over ``thresholds`` (chosen before the scores were seen), holding with
+    probability at least 1 - α over the canaries' randomness: ``{"eps_lower", "threshold", "tpr", "fpr"}``
+    (0 when no threshold shows anything; the rates are the threshold's, "score > t")."""
+    best = {"eps_lower": 0.0, "threshold": None, "tpr": None, "fpr": None}
+    for test in threshold_tests(scores_in, scores_out, thresholds, alpha):
+        if test.lo > delta and test.hi > 0:
+            eps = math.log((test.lo - delta) / test.hi)
+            if eps > best["eps_lower"]:
+                tp, fp = ((test.hits, test.misses) if test.forward
+                          else (test.n_misses - test.misses, test.n_hits - test.hits))
+                best = {"eps_lower": eps, "threshold": test.threshold, "tpr": tp / len(scores_in),
+                        "fpr": fp / len(scores_out)}
     return best
 
 
