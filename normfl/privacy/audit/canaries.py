@@ -98,11 +98,13 @@ class Canaries:
 
     def take(self, y: torch.Tensor) -> None:
         """Score the privatized block ``y`` of the release under way, and count it."""
-        self.scores += self.score(self.sign(self.steps + 1) * y.double() / self.mech.std)
+        self.scores += self.score(y, self.sign(self.steps + 1) / self.mech.std)
         self.steps += 1
 
-    def score(self, y: torch.Tensor) -> torch.Tensor:
-        """Each kind of score of one release, from its block in the noise's std units, signs undone."""
+    def score(self, y: torch.Tensor, unit: float) -> torch.Tensor:
+        """Each kind of score of one release, from its block ``y``; ``unit * y`` is the block in the noise's std
+        units with the sign undone (a family whose score is linear applies it to the score: a client block is
+        as large as the model)."""
         raise NotImplementedError
 
     # -- what the certificate claims, and what a canary's score would be under it --------------------------
@@ -230,8 +232,8 @@ class ClientCanaries(Canaries):
         self.takes_part = torch.rand(self.n, generator=self.gen, device=self.device) < self.algo.p
         return sign * self.release
 
-    def score(self, y: torch.Tensor) -> torch.Tensor:
-        own, blank = ((rows * self.u).sum(1, dtype=torch.float64) for rows in (y[:self.n], y[self.n:]))
+    def score(self, y: torch.Tensor, unit: float) -> torch.Tensor:
+        own, blank = ((rows * self.u).sum(1, dtype=torch.float64) * unit for rows in (y[:self.n], y[self.n:]))
         return self.takes_part * torch.stack([own, (own - blank) * PAIRED_SHRINK])
 
     def simulate(self, rng, inside, m, shrink):
@@ -259,7 +261,8 @@ class CentralCanaries(Canaries):
         self.takes_part = torch.rand(self.n, generator=self.gen, device=self.device) < self.algo.p
         return sign * self.contribution * self.takes_part
 
-    def score(self, y: torch.Tensor) -> torch.Tensor:
+    def score(self, y: torch.Tensor, unit: float) -> torch.Tensor:
+        y = unit * y.double()
         if self.hidden:
             return sampled_llr(y, self.algo.p, self.mech.sensitivity / self.mech.std)[None]
         return (self.takes_part * y)[None]
@@ -300,8 +303,9 @@ class SampleCanaries(Canaries):
         sums[self.own] = clipped * sampled
         return sums
 
-    def score(self, y: torch.Tensor) -> torch.Tensor:
+    def score(self, y: torch.Tensor, unit: float) -> torch.Tensor:
         q, sigma = self.algo.ledger.q, self.algo.ledger.sigma
+        y = unit * y.double()
         own, other = y[self.own], y[self.other]
         return torch.stack([sampled_llr(own, q, 1 / sigma),
                             sampled_llr((own - other) * PAIRED_SHRINK, q, PAIRED_SHRINK / sigma)])
