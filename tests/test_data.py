@@ -111,7 +111,7 @@ def test_cifar_second_load_uses_cache(cifar, monkeypatch):
     def no_decode(*args, **kwargs):
         raise AssertionError("decoded the JPEGs again instead of using the cache")
 
-    monkeypatch.setattr(sources, "decode_cifar10_jpeg", no_decode)
+    monkeypatch.setattr(sources.cifar10, "decode_cifar10_jpeg", no_decode)
     start = time.perf_counter()
     again = load_cifar10(root, OFFLINE, download=False)
     took = time.perf_counter() - start
@@ -193,18 +193,18 @@ def test_offline_dir_from_env_var(tmp_path, monkeypatch):
 
 
 def test_unreachable_download_is_skipped_fast(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "_reachable", lambda url, timeout=3.0: "test: no network")
+    monkeypatch.setattr(sources.places, "reachable", lambda url, timeout=3.0: "test: no network")
     with pytest.raises(DataNotFoundError, match="skipped \\(test: no network\\)"):
         load_cifar10(tmp_path, None, download=True)
     looked: list[str] = []
-    monkeypatch.setattr(sources, "_reachable", lambda url, timeout=3.0: None)
-    assert not sources._try_download("http://x", True, lambda: 1 / 0, looked)
+    monkeypatch.setattr(sources.places, "reachable", lambda url, timeout=3.0: None)
+    assert not sources.places.try_download("http://x", True, lambda: 1 / 0, looked)
     assert "ZeroDivisionError" in looked[0]
 
 
 def test_reachable_fails_fast_on_unknown_host():
     start = time.perf_counter()
-    assert sources._reachable("https://no-such-host.invalid/x", timeout=1.0) is not None
+    assert sources.places.reachable("https://no-such-host.invalid/x", timeout=1.0) is not None
     assert time.perf_counter() - start < 3.0
 
 
