@@ -19,7 +19,7 @@ IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normfedavg-t4 normfedavg-f3 normfedavg-t5 normfedavg-f4 normfedavg-t6 normfedavg-f5
 REPRODUCE := $(BIN)/python -m normfl.reproduce
 
-.PHONY: install lock run test lint campaign bench gpu-check scale privacy-table audit clean figures report all-figures alidpfl-readings $(IDS)
+.PHONY: install lock run test lint campaign bench gpu-check scale privacy-table audit clean figures report all-figures alidpfl-readings noise-readings $(IDS)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,10 @@ figures: $(STAMP)          ## redraw every figure/table of every profile from st
 alidpfl-readings: $(STAMP) ## ALI-DPFL at R_c = 177: the paper's text vs the authors' code, setting by setting
 	$(BIN)/python scripts/ali_readings.py run outputs/ali-readings --parallel $(parallel)
 	$(BIN)/python scripts/ali_readings.py table outputs/ali-readings
+
+noise-readings: $(STAMP)   ## on a GPU: DP-(Fed-)α-NormEC under each reading of the papers' noise, 30 passes, one stacked grid
+	$(BIN)/python scripts/noise_readings.py run $(ARGS) > docs/reproduction/noise-readings.md.tmp
+	mv docs/reproduction/noise-readings.md.tmp docs/reproduction/noise-readings.md
 
 budget ?= 25m
 campaign: $(STAMP)         ## train the missing runs of IDS="..." (default: every ID) within budget=25m, record, archive

@@ -1,0 +1,53 @@
+"""scripts/noise_readings.py: each reading of the papers' noise gives the multiplier its formula says, the runs
+carry exactly the noise its table reports, and the PLD reading certifies ε = 8 over the whole paper run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "noise_readings", Path(__file__).resolve().parents[1] / "scripts" / "noise_readings.py")
+nr = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(nr)
+
+LN = math.log(1e5)
+
+
+@pytest.mark.parametrize("steps", [140, 70])
+def test_each_reading_gives_its_formula(steps):
+    k, beta = 300, 0.1
+    want = {
+        "standard deviation": math.sqrt(k * LN) / 8,
+        "on Δ_i": math.sqrt(k * LN) / 8,                    # and β once more in the run (noise_on=raw_delta)
+        "log10": math.sqrt(k * 5) / 8,
+        "log outside root": math.sqrt(k) * LN / 8,
+        "variance": math.sqrt(beta * math.sqrt(k * LN) / 8) / beta,
+        "K = releases": math.sqrt(k * steps * LN) / 8,
+    }
+    for reading, z in want.items():
+        assert nr.multiplier(reading, beta, steps) == pytest.approx(z, rel=1e-12), reading
+    assert nr.effective("on Δ_i", beta, steps) == pytest.approx(beta * want["on Δ_i"])
+    z = nr.multiplier("PLD ε = 8", beta, steps)
+    assert 7.99 < nr.eps_paper_run(z, steps) <= 8.0
+    assert nr.eps_paper_run(z / 1.01, steps) > 8.0
+
+
+def test_the_runs_carry_the_noise_the_table_reports(data_root, tmp_path, monkeypatch, capsys):
+    setup, _, steps, paper = nr.ALGORITHMS["DP-α-NormEC (SN)"]
+    monkeypatch.setattr(nr, "ALGORITHMS", {"DP-α-NormEC (SN)": (setup, [(0.1, 0.1)], steps, paper)})
+    extra = ["dataset=fashion_mnist", "model=logreg", "dataset.train_limit=640", "dataset.test_limit=100",
+             f"data_root={data_root}"]
+    nr.main(["run", "--passes", "2", "--stack", "8", "--store", str(tmp_path), "--extra", *extra])
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| DP")]
+    assert len(rows) == len(nr.READINGS)
+    for _, reading, beta, _, job in nr.grid(2, extra):
+        s = json.loads((tmp_path / job.key / "summary.json").read_text())
+        assert s["status"] == "completed" and s["steps"] == 2 * 2           # 640 samples: 2 steps a pass
+        z = s["privacy"]["std_in_update"] / beta                           # the weighted term's std / its bound
+        assert z == pytest.approx(nr.effective(reading, beta, steps), rel=1e-5), reading
+        assert any(r.startswith(f"| DP-α-NormEC (SN) | {reading} |") and f"| {z:.4g} |" in r for r in rows)
