@@ -147,6 +147,13 @@ def bernoulli_weights(n: int, p: float, seed: int, round_: int, device=None) -> 
     return (torch.rand(n, generator=gen, device=device) < p).float() / p
 
 
+def poisson_sample(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
+    """DP-SGD's Poisson sampling, as a mask of n items: each taken independently with probability ``rate``, so
+    a batch's size varies and can be 0. The clients sample their shards with it, the audit's sample canaries
+    too (a change of the rule reaches both)."""
+    return rng.random(n) < rate
+
+
 def cohort(n: int, size: int, seed: int, round_: int, device=None) -> torch.Tensor:
     """The ids (sorted) of a uniform cohort of ``size`` of the n clients, drawn without replacement."""
     gen = round_generator(seed, PARTICIPATION, round_, device)

@@ -103,12 +103,18 @@ def rate_accounted_a_quarter(monkeypatch):
     monkeypatch.setattr(alidpfl, "ClientAccountant", lambda q, *args: real(q / 4, *args))
 
 
+
+def sampler_ignores_its_rate(monkeypatch):
+    """The Poisson sampler takes every sample (a full batch) while the accountant claims sampling at q."""
+    monkeypatch.setattr(ops, "poisson_sample", lambda rng, n, rate: rng.random(n) < 1.0)
+
 BROKEN = [
     ("client", tenth_of_the_noise, []), ("client", bounding_skipped, []), ("client", one_draw_for_all_rows, []),
     ("client", same_noise_every_round, []),
     ("central", tenth_of_the_noise, []), ("central", bounding_skipped, []), ("central", same_noise_every_round, []),
     ("dpsgd", tenth_of_the_noise, []), ("dpsgd", clipping_skipped, []), ("dpsgd", one_draw_for_all_rows, []),
     ("dpsgd", same_noise_every_round, []), ("dpsgd", rate_accounted_a_quarter, []),
+    ("dpsgd", sampler_ignores_its_rate, []),
 ]
 
 

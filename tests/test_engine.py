@@ -282,6 +282,15 @@ def test_poisson_sampling_rate_and_seeding():
     assert abs(s.mean() - 30) < 4 * math.sqrt(30 * 0.985 / s.size)                      # E = q |D_i| = 30
 
 
+def test_poisson_batches_draw_through_the_one_sampling_rule(monkeypatch):
+    """The shards are sampled by ``ops.poisson_sample``, the rule the audit's sample canaries share."""
+    from normfl import ops
+    d = ClientData(torch.zeros(40, 1, 1, 1, dtype=torch.uint8), torch.zeros(40, dtype=torch.long),
+                   [np.arange(0, 20), np.arange(20, 40)], 8, 0, Preprocess((0.0,), (1.0,), CPU), augment=False)
+    monkeypatch.setattr(ops, "poisson_sample", lambda rng, n, rate: np.arange(n) < 3)
+    assert [len(b[1]) for b in d.poisson_batches(0.5)] == [3, 3]
+
+
 def test_client_streams_are_made_on_first_use_and_peek_consumes_nothing():
     """A population of 50,000 clients costs only the clients that compute; the stream a client gets
     does not depend on who computed before it, and peek leaves every stream as it was."""

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from scipy.stats import binom
 
+from normfl import ops
 from normfl.data.transforms import crop_flip, draw_crop_flip, normalize
 from normfl.syncs import host_side
 
@@ -160,8 +161,8 @@ class ClientData:
         """Per client (all, or those in ``ids``), one Poisson sample of its shard: every sample is taken
         independently with probability ``rate`` (DP-SGD's sampling), so sizes vary and can be 0."""
         ids = self._ids(ids)
-        return self._pieces([self._index[i][self._stream(i)[0].random(len(self._index[i])) < rate] for i in ids],
-                            share=False)
+        return self._pieces([self._index[i][ops.poisson_sample(self._stream(i)[0], len(self._index[i]), rate)]
+                             for i in ids], share=False)
 
     def poisson_capacity(self, rate: float) -> int:
         """A batch size that one client's Poisson batch at ``rate`` exceeds with probability below POISSON_TAIL:

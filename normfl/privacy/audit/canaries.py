@@ -43,8 +43,9 @@ import numpy as np
 import torch
 from dp_accounting.pld import privacy_loss_distribution as plds
 
+from normfl import ops
 from normfl.engine import clipping
-from normfl.ops import AUDIT, Streams, round_generator
+from normfl.ops import AUDIT, Streams, round_generator, round_seed
 from normfl.privacy.accounting import GaussianRelease
 from normfl.privacy.audit.stats import curve_eps_lower, eps_lower, gdp_epsilon, mu_lower
 
@@ -293,10 +294,12 @@ class SampleCanaries(Canaries):
         self.rows, self.dtype = clients, dtype
 
     def make(self, sign: int) -> torch.Tensor:
-        """Each "in" canary sampled at the privatizer's rate, its gradient ±R·e_c clipped to its clip by the run's
-        rule, in its client's row: the canaries' coordinates of each client's clipped sum."""
+        """Each "in" canary sampled at the privatizer's rate by the clients' own sampler (``poisson_sample``, its
+        draws from the canaries' stream), its gradient ±R·e_c clipped to its clip by the run's rule, in its
+        client's row: the canaries' coordinates of each client's clipped sum."""
         mech = self.mech
-        sampled = (torch.rand(self.n, generator=self.gen, device=self.device) < mech.rate) & self.is_in
+        rng = np.random.default_rng(round_seed(self.seed, AUDIT, self.steps + 1))
+        sampled = torch.from_numpy(ops.poisson_sample(rng, self.n, mech.rate)).to(self.device) & self.is_in
         grad = torch.full((self.n,), sign * OVERSIZE, device=self.device, dtype=self.dtype)
         clipped = grad * clipping.clip_factors(grad.double() ** 2, mech.clip).to(self.dtype)
         sums = torch.zeros(self.rows, self.n, device=self.device, dtype=self.dtype)
