@@ -103,10 +103,10 @@ def rate_accounted_a_quarter(monkeypatch):
     monkeypatch.setattr(alidpfl, "ClientAccountant", lambda q, *args: real(q / 4, *args))
 
 
-
 def sampler_ignores_its_rate(monkeypatch):
     """The Poisson sampler takes every sample (a full batch) while the accountant claims sampling at q."""
     monkeypatch.setattr(ops, "poisson_sample", lambda rng, n, rate: rng.random(n) < 1.0)
+
 
 BROKEN = [
     ("client", tenth_of_the_noise, []), ("client", bounding_skipped, []), ("client", one_draw_for_all_rows, []),
