@@ -17,6 +17,7 @@ committed records it adds finished runs to.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -81,6 +82,7 @@ def grid(passes: int, extra: list[str]) -> list[tuple[str, str, float, float, jo
     return out
 
 
+@functools.cache                         # one noise serves every (β, γ) cell of a reading: composed once
 def eps_paper_run(z: float, steps: int) -> float | None:
     """ε (δ = 1e-5) certified by 300 passes of uploads with multiplier z (the tighter of PLD and RDP; RDP only
     for z < 0.5, where a PLD of 42,000 compositions is too large to build)."""

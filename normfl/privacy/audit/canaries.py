@@ -19,15 +19,16 @@ score:
   does not see who took part, the likelihood ratio of the sampled Gaussian over every round.
 - **DP-SGD clients** (ALI-DPFL, DPFL): N canary samples spread over the clients, each a per-sample gradient
   R·e_c on a dummy coordinate of its own. Every DP-SGD step, each "in" canary enters its client's batch
-  with the privatizer's sampling rate, is clipped by the run's clipping rule to the privatizer's clip, and the
-  sum gets the run's noise. Observed: every noisy step; score: the sampled Gaussian's
-  likelihood ratio Σ_t log(1 - q + q·exp((y_t/C - ½)/σ²)) at the claimed q and σ.
+  with the privatizer's sampling rate by the clients' own rule (``ops.poisson_sample``), is clipped by the
+  run's clipping rule to the privatizer's clip, and the sum gets the run's noise. Observed: every noisy step;
+  score: the sampled Gaussian's likelihood ratio Σ_t log(1 - q + q·exp((y_t/C - ½)/σ²)) at the claimed q and σ.
 
 Thresholds are fixed from the claim before any score is seen: quantiles of scores simulated under the
 claimed mechanism. The canaries draw from a random stream of their own (``AUDIT``) and stay out of the
 model, so a run's parameters are the same bits with and without its audit. What the audit does not see:
 anything that never reaches the privatized vector through these paths (BatchNorm statistics: the summary's
-``privacy.not_covered``; a bug inside the Poisson sampler itself rather than in the rate it is given).
+``privacy.not_covered``; a sampler that keeps each sample's rate but is not Poisson, since the canaries share
+the sampling rule, ``ops.poisson_sample``, not the clients' shards).
 
 The canaries observe every release the run's ledger counts (``algo.releases``: one a communication step, or
 each DP-SGD step), after the step beside the run (``sidecar``), or inside the run's own privatizer call
