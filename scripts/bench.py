@@ -515,16 +515,20 @@ def main():
     if args.threads:
         overrides.append(f"threads={args.threads}")
     rows = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(new_rows):             # after each part: a bench stopped at a time limit keeps what it measured
+        rows.extend(new_rows)
+        pd.DataFrame(rows).to_csv(args.out, index=False)
+
     for name in args.settings:
-        rows += bench(name, overrides, args.reps)
+        save(bench(name, overrides, args.reps))
         print(f"  {name} done", file=sys.stderr)
     if args.together:
-        rows += together(overrides, args.reps, args.together)
+        save(together(overrides, args.reps, args.together))
     if args.sweep_rounds:
-        rows += sweep_throughput(overrides, args.sweep_rounds)
+        save(sweep_throughput(overrides, args.sweep_rounds))
     df = pd.DataFrame(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out, index=False)
     print(df.drop(columns=["what"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     for name in args.settings:
         print(f"{name}: {SETTINGS[name][0]}")

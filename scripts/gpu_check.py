@@ -1,23 +1,30 @@
-"""One command on a GPU machine: the GPU tests, the benchmark and a timed NORMEC pass, into one report.
+"""One command on a GPU machine: the GPU tests, the suite's equality tests on CUDA, the benchmark and a timed
+NORMEC pass, into one report.
 
-    python scripts/gpu_check.py [--out DIR]          (make gpu-check)
+    python scripts/gpu_check.py [--out DIR] [--parts tests suite bench pass] [overrides]     (make gpu-check)
 
-In order, each with a time limit so that the whole stays under 9 minutes:
+The parts, in order, each with a time limit so that the whole stays under 9 minutes:
 
-1. ``pytest -m gpu`` (tests/test_gpu.py: resume on CUDA, CPU against CUDA with TF32 off, capture against
-   eager, rounds under CUDA's sync debug mode, ...);
-2. ``scripts/bench.py`` on settings A-D (30 rounds each after a warm-up) and 16 runs of A side by side;
-3. one pass of NORMEC's paper setting (α-NormEC, CIFAR-10, 10 clients, batch 32, ``reading=pass``), timed:
-   its time per step, and the paper run of 300 passes (42,000 steps, 300 evaluations) it implies.
+1. ``tests``: ``pytest -m gpu`` (tests/test_gpu.py: resume on CUDA, CPU against CUDA with TF32 off, capture
+   against eager, rounds under CUDA's sync debug mode, ...);
+2. ``suite``: the CPU suite's resume and equality tests (``SUITE``) with ``device=auto`` meaning CUDA
+   (``NORMFL_TEST_DEVICE=cuda``): killed runs resume to the same bits, stacked equals sequential, runs side
+   by side equal runs alone, captured equals eager, the same seed gives the same bits;
+3. ``bench``: ``scripts/bench.py`` on settings A-D (30 rounds each after a warm-up) and 16 runs of A side by
+   side (its CSV is written after each setting, so a part stopped at its limit keeps what it measured);
+4. ``pass``: one pass of NORMEC's paper setting (α-NormEC, CIFAR-10, 10 clients, batch 32, ``reading=pass``),
+   timed: its time per step, and the paper run of 300 passes (42,000 steps, 300 evaluations) it implies.
 
-Writes DIR/report.md (the device, versions, test outcome, the bench table with each row's phases and its
-agreement with the first backend, the pass) beside DIR/bench.csv, DIR/tests.txt and the pass's run folder.
+``--parts`` runs some of them (a device call of at most 10 minutes can take the parts in two calls). Writes
+DIR/report.md (the device, versions, each part's outcome, the bench table with each row's phases and its
+agreement with the first backend, the pass) beside DIR/<part>.txt, DIR/bench.csv and the pass's run folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,18 +37,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from normfl.reproduce.figures import markdown_table  # noqa: E402
 
-LIMITS = {"tests": 200, "bench": 240, "pass": 90}          # seconds each; 530 s in all
+LIMITS = {"tests": 140, "suite": 130, "bench": 210, "pass": 60}     # seconds each; 540 s in all
 TARGETS = ("targets (issue 29, H100): A stacked bf16 <= 4 ms a round; 16 runs side by side <= 2.8 ms per "
            "run-round; a NORMEC paper run (42,000 steps, 300 evaluations) <= 3 minutes")
+SUITE = ["tests/test_resume.py", "tests/test_stacked.py", "tests/test_vectorized.py", "tests/test_capture.py",
+         "tests/test_determinism.py", "-k", "not test_determinism or stacked or deterministic"]
 NORMEC_PASS = ["algo=normec", "algo.beta=0.1", "algo.gamma=0.1", "algo.server_norm=false", "reading=pass",
                "rounds=1", "device=cuda", "backend=stacked", "progress=false", "checkpoint_every=0"]
 
 
-def step(name: str, cmd: list[str], out: Path) -> dict:
+def step(name: str, cmd: list[str], out: Path, env: dict | None = None) -> dict:
     """Run one part with its time limit; its output goes to ``out / <name>.txt``."""
     t = time.perf_counter()
     try:
-        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=LIMITS[name])
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=LIMITS[name],
+                              env={**os.environ, **(env or {})})
         status, text = ("passed" if done.returncode == 0 else f"failed (exit {done.returncode})"), \
             done.stdout + done.stderr
     except subprocess.TimeoutExpired as err:
@@ -53,19 +63,22 @@ def step(name: str, cmd: list[str], out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu-check")
+    ap.add_argument("--parts", nargs="+", default=list(LIMITS), choices=list(LIMITS))
     args, overrides = ap.parse_known_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         sys.exit("gpu-check needs a CUDA device; torch sees none here")
     py = sys.executable
-    parts = {
-        "tests": step("tests", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
-                      out),
-        "bench": step("bench", [py, "scripts/bench.py", "--settings", "A", "B", "C", "D", "--together", "16",
-                                "--sweep-rounds", "0", "--out", str(out / "bench.csv"), *overrides], out),
-        "pass": step("pass", [py, "train.py", *NORMEC_PASS, f"hydra.run.dir={out / 'normec-pass'}", *overrides], out),
+    pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    commands = {
+        "tests": ([*pytest, "-m", "gpu", "tests/test_gpu.py"], None),
+        "suite": ([*pytest, *SUITE], {"NORMFL_TEST_DEVICE": "cuda"}),
+        "bench": ([py, "scripts/bench.py", "--settings", "A", "B", "C", "D", "--together", "16", "--sweep-rounds", "0",
+                   "--out", str(out / "bench.csv"), *overrides], None),
+        "pass": ([py, "train.py", *NORMEC_PASS, f"hydra.run.dir={out / 'normec-pass'}", *overrides], None),
     }
+    parts = {name: step(name, *commands[name], out) for name in LIMITS if name in args.parts}
     write_report(out, parts)
     print(f"written: {out / 'report.md'}")
 
@@ -77,7 +90,10 @@ def write_report(out: Path, parts: dict) -> None:
              "", TARGETS, ""]
     for name, part in parts.items():
         lines.append(f"- {name}: {part['status']} in {part['seconds']:.0f} s")
-    lines += ["", "## Tests", "", "```", parts["tests"]["tail"].strip(), "```", ""]
+    for name, title in (("tests", "GPU tests"), ("suite", "The suite's resume and equality tests on CUDA")):
+        if name in parts:
+            lines += ["", f"## {title}", "", "```", parts[name]["tail"].strip(), "```"]
+    lines.append("")
     bench = out / "bench.csv"
     if bench.exists():
         cols = ["setting", "variant", "seconds", "vs_floor", "vs_dense_same_precision", "data_s", "pass_s",

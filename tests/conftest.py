@@ -10,8 +10,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Runs a test finishes through the reproduction driver are recorded apart from the committed records
 os.environ.setdefault("NORMFL_RECORDS", tempfile.mkdtemp(prefix="normfl-test-records-"))
 # The CPU suite computes on the CPU on a GPU machine too: device=auto reads $NORMFL_DEVICE (subprocesses
-# inherit it); tests/test_gpu.py asks for device=cuda by name
-os.environ["NORMFL_DEVICE"] = "cpu"
+# inherit it); tests/test_gpu.py asks for device=cuda by name. NORMFL_TEST_DEVICE=cuda runs the suite's
+# device=auto tests on a GPU instead (scripts/gpu_check.py does so for the resume and equality tests)
+os.environ["NORMFL_DEVICE"] = os.environ.get("NORMFL_TEST_DEVICE", "cpu")
 OFFLINE = Path(os.environ.get("NORMFL_OFFLINE_DATA", REPO.parent / "shared" / "data"))
 
 

@@ -59,7 +59,10 @@ def test_gpu_check_report_reads_the_bench_and_the_pass(tmp_path, data_root):
     (tmp_path / "normec-pass").mkdir()
     (tmp_path / "normec-pass" / "summary.json").write_text(json.dumps(
         {"steps": 140, "seconds_per_round": 2.8, "final_test_acc": 0.41, "capture": "replayed from a CUDA graph"}))
-    parts = {name: {"status": "passed", "seconds": 1.0, "tail": "3 passed"} for name in ("tests", "bench", "pass")}
+    parts = {name: {"status": "passed", "seconds": 1.0, "tail": f"{i + 3} passed"}
+             for i, name in enumerate(("tests", "suite", "bench", "pass"))}
     gpu_check.write_report(tmp_path, parts)
     report = (tmp_path / "report.md").read_text()
     assert "| D | normfl/stacked |" in report and "20.00 ms a step" in report and "14.0 min" in report
+    assert "## GPU tests\n\n```\n3 passed" in report and "on CUDA\n\n```\n4 passed" in report
+    assert set(gpu_check.LIMITS) == set(parts) and sum(gpu_check.LIMITS.values()) <= 9 * 60
