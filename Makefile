@@ -37,9 +37,8 @@ lock:                      ## re-resolve pyproject.toml's ranges in a fresh venv
 
 NOW     := $(shell date +%Y-%m-%d_%H-%M-%S)
 RUN_DIR ?= outputs/runs/make-run/$(NOW)
-run: $(STAMP)              ## the main job: NORMEC's default setup (make run ARGS="algo=dp_normec ...")
-	$(BIN)/python train.py eval_every=10 hydra.run.dir=$(RUN_DIR) $(ARGS)
-	$(BIN)/python scripts/main_job.py $(RUN_DIR)
+run: $(STAMP)              ## the main job: NORMEC's default setup, the paper's 300 passes on a GPU (make run ARGS="algo=dp_normec ...")
+	$(BIN)/python scripts/main_job.py $(RUN_DIR) $(ARGS)
 
 test: $(STAMP)             ## the test suite (real data slices from the offline copies, `offline_data`), two processes
 	$(BIN)/python -m pytest -q -n 2 $(ARGS)

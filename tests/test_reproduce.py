@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from normfl.config import config_key, validate
@@ -246,7 +247,7 @@ def test_every_kind_draws_from_stored_runs(tmp_path, monkeypatch):
             assert [p.suffix for p in figures._save(fig, tmp_path / "out" / kind, kind, "note")] == [".png", ".pdf"]
 
 
-def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, capsys):
+def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, capsys, data_root):
     """scripts/main_job.py, what `make run` prints: the main job's accuracy against NORMEC Table 2's cell
     (α-NormEC with SN, β = γ = 0.1: 85.43%), and no comparison for a setting the paper does not print."""
     import importlib.util
@@ -260,10 +261,19 @@ def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, caps
         OmegaConf.save(jobs.compose(overrides), d / ".hydra" / "config.yaml")
         (d / "summary.json").write_text(json.dumps({"status": "completed", "final_test_acc": 0.5, "final_round": 300,
                                                     "data": "CIFAR-10 (JPEG copy)"}))
-        main_job.main(d)
+        main_job.report(d)
     out = capsys.readouterr().out.split("\n\n")
     assert "85.43%" in out[0] and "-35.43 points" in out[0] and "reading=pass" in out[0]
     assert "No paper number" in out[1]
+    assert main_job.setting() == (main_job.GPU if torch.cuda.is_available() else main_job.CPU)
+    assert "reading=pass" in main_job.GPU and "eval_every=1" in main_job.GPU      # 300 passes, each evaluated
+    run_dir = tmp_path / "made"                          # `make run ARGS=...`: the machine's setting, then the ARGS
+    assert main_job.main(run_dir, ["dataset=fashion_mnist", "model=logreg", "rounds=2", "dataset.train_limit=200",
+                                   "dataset.test_limit=50", "progress=false", "threads=1", "device=cpu",
+                                   f"data_root={data_root}"]) == 0
+    out = capsys.readouterr().out
+    assert "main job: " + " ".join(main_job.setting()) in out and "No paper number" in out
+    assert json.loads((run_dir / "summary.json").read_text())["final_round"] == 2
 
 
 def test_the_store_comes_from_the_environment_or_the_working_directory(tmp_path, monkeypatch):
