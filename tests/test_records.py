@@ -70,12 +70,15 @@ def test_a_run_is_packed_once_and_a_differing_record_is_refused(clone, data_root
     assert (rec / "metrics.csv.xz").read_bytes() != (other / "metrics.csv.xz").read_bytes()   # never overwritten
 
 
-def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(clone, data_root, tmp_path,
+@pytest.mark.parametrize("stack", [1, 2])
+def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(stack, clone, data_root, tmp_path,
                                                                             monkeypatch):
-    j = job(data_root, "rounds=4000")
+    """One run in its process, or (stack=2) two side by side in one process, cut, carried and continued."""
+    js = [job(data_root, "rounds=4000"), job(data_root, "rounds=4000", "algo.beta=0.5")][:stack]
+    j = js[0]
     store = clone("whole")                                           # one uninterrupted campaign
-    campaign.run([j], store, 600, threads=1, out=tmp_path / "whole.tar.gz")
-    whole = records.RECORDS / j.key
+    campaign.run(js, store, 600, threads=1, out=tmp_path / "whole.tar.gz", stack=stack)
+    whole = [records.RECORDS / i.key for i in js]
 
     class CutMidRun(subprocess.Popen):
         """The budget runs out once the run has logged 3 evaluations of its 8 (whatever this machine's
@@ -88,18 +91,22 @@ def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(clo
                 time.sleep(0.005)
             raise subprocess.TimeoutExpired(self.args, timeout)
 
-    store = clone("a")                                               # a budget that stops the run part-way
+    store = clone("a")                                               # a budget that stops the runs part-way
     with monkeypatch.context() as m:
         m.setattr(subprocess, "Popen", CutMidRun)
-        archive = campaign.run([j], store, 600, threads=1, checkpoints=True, out=tmp_path / "a.tar.gz")
-    assert not (records.RECORDS / j.key).exists()
-    assert f"store/{j.key}/checkpoint.pt" in tarfile.open(archive).getnames()
+        archive = campaign.run(js, store, 600, threads=1, checkpoints=True, out=tmp_path / "a.tar.gz", stack=stack)
+    for i in js:
+        assert not (records.RECORDS / i.key).exists()
+        assert f"store/{i.key}/checkpoint.pt" in tarfile.open(archive).getnames()
+    if stack > 1:                                                    # the process's output, in each run's folder
+        assert (js[1].dir(store) / "stdout.txt").read_text() == (j.dir(store) / "stdout.txt").read_text() != ""
 
     store = clone("b")                                               # adopted into another clone, continued
     assert campaign.adopt(archive, store) == 0 and (store / j.key / "checkpoint.pt").exists()
     assert campaign.adopt(archive, store) == 0                       # adopting twice changes nothing
-    final = campaign.run([j], store, 600, threads=1, out=tmp_path / "b.tar.gz")
-    assert records.differences(records.contents(whole), records.contents(records.RECORDS / j.key)) == []
+    final = campaign.run(js, store, 600, threads=1, out=tmp_path / "b.tar.gz", stack=stack)
+    for i, w in zip(js, whole, strict=True):
+        assert records.differences(records.contents(w), records.contents(records.RECORDS / i.key)) == []
     assert campaign.adopt(final, store) == 0                         # its own record again: the same
 
     bad = tmp_path / "bad"                                           # a record that differs is refused
@@ -110,4 +117,4 @@ def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(clo
     with tarfile.open(tmp_path / "bad.tar.gz", "w:gz") as tar:
         tar.add(bad / "records", arcname="records")
     assert campaign.adopt(tmp_path / "bad.tar.gz", store) == 1
-    assert records.differences(records.contents(whole), records.contents(records.RECORDS / j.key)) == []
+    assert records.differences(records.contents(whole[0]), records.contents(records.RECORDS / j.key)) == []

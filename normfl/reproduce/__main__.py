@@ -48,7 +48,8 @@ def main(argv=None) -> None:
     ap.add_argument("--stack", type=int, default=None,
                     help="runs sharing model, data and seed trained side by side in one process (default: 16 on a "
                          "GPU, 1 on a CPU)")
-    ap.add_argument("--match", default=None, help="only the runs whose train.py command contains this text")
+    ap.add_argument("--match", action="append", default=None,
+                    help="only the runs whose train.py command contains this text (given again: any of them)")
     ap.add_argument("--retry-failed", action="store_true", help="also re-run runs stored as failed")
     ap.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
     ap.add_argument("--store", type=Path, default=None, help=f"the run store (default: ${STORE_ENV}, else "
@@ -70,6 +71,9 @@ def main(argv=None) -> None:
         raise ConfigError("--match", args.match, "no --match with --launcher (a launcher trains whole sweeps)")
 
     from normfl.reproduce import targets
+
+    def wanted(job) -> bool:
+        return args.match is None or any(m in job.command() for m in args.match)
 
     if args.command == "adopt" and args.names and all(n.endswith((".tar.gz", ".tgz")) for n in args.names):
         from normfl.reproduce import campaign
@@ -98,14 +102,13 @@ def main(argv=None) -> None:
     if args.command == "campaign":
         from normfl.reproduce import campaign
 
-        job_list = list({j.key: j for t in chosen for j in jobs.jobs(t.grid, args.profile)
-                         if args.match is None or args.match in j.command()}.values())
+        job_list = list({j.key: j for t in chosen for j in jobs.jobs(t.grid, args.profile) if wanted(j)}.values())
         try:
             budget = campaign.seconds(args.budget)
         except ValueError as err:
             raise ConfigError("--budget", args.budget, "a duration such as 90s, 25m or 2h") from err
         path = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints, args.archive,
-                            dry_run=args.dry_run)
+                            dry_run=args.dry_run, stack=args.stack or store.default_stack())
         if args.dry_run:
             return None
         print(f"archive: {path}" if path else "archive: none (no run finished or stopped)")
@@ -113,8 +116,7 @@ def main(argv=None) -> None:
     if args.command == "run":
         print(f"store: {args.store}")
         for t in chosen:
-            job_list = [j for j in jobs.jobs(t.grid, args.profile)
-                        if args.match is None or args.match in j.command()]
+            job_list = [j for j in jobs.jobs(t.grid, args.profile) if wanted(j)]
             print(f"{t.id} ({args.profile}):")
             if args.dry_run:
                 for j in job_list:

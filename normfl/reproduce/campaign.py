@@ -5,7 +5,8 @@ a GPU box for an hour, a SLURM job), and bring them home as one archive that ano
     python -m normfl.reproduce adopt outputs/campaigns/<time>.tar.gz          # on another clone
 
 A campaign lists the runs it will train, in order, and trains them one after another (``--parallel``
-at once). A run still going when the budget is nearly spent gets Ctrl-C, so it saves a checkpoint where it
+at once; with ``--stack``, 16 by default on a GPU, runs that share model, data and seed side by side in one
+process). A run still going when the budget is nearly spent gets Ctrl-C, so it saves a checkpoint where it
 stands and stops (``normfl.run.training.Interrupts``); a later campaign, here or where the archive is
 adopted with its checkpoints, continues it. Finished runs become records (``records.pack``); the archive
 holds them and, with ``--checkpoints``, each unfinished run's checkpoint and config.
@@ -37,45 +38,60 @@ def seconds(budget: str) -> float:
     return float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]]
 
 
-def train(job: Job, store_dir: Path, deadline: float, threads: int) -> str:
-    """Train one run in its store folder until it finishes or the deadline comes (then Ctrl-C: it saves a
-    checkpoint and stops); its status: completed, diverged, failed or stopped."""
-    d = job.dir(store_dir)
-    d.mkdir(parents=True, exist_ok=True)
+def train(unit: list[Job], store_dir: Path, deadline: float, threads: int) -> list[str]:
+    """Train one process's runs (one, or several side by side: ``store.unit_command``) in their store folders
+    until they finish or the deadline comes (then Ctrl-C: each saves a checkpoint and stops); their statuses:
+    completed, diverged, failed or stopped."""
+    dirs = [job.dir(store_dir) for job in unit]
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
     stopped = False
-    with open(d / "stdout.txt", "a") as out:
-        proc = subprocess.Popen(store.command(job, d, threads), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    with open(dirs[0] / "stdout.txt", "a") as out:
+        start = out.tell()
+        proc = subprocess.Popen(store.unit_command(unit, dirs, threads), cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=max(0.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGINT)
             proc.wait()
             stopped = True
-    st = store.status(d)
-    return st if st != "missing" else "stopped" if stopped else "failed"
+    if len(dirs) > 1:                                   # the process's output, in each of its runs' folders
+        with open(dirs[0] / "stdout.txt") as fh:
+            fh.seek(start)
+            text = fh.read()
+        for d in dirs[1:]:
+            with open(d / "stdout.txt", "a") as fh:
+                fh.write(text)
+    return [st if st != "missing" else "stopped" if stopped else "failed" for st in map(store.status, dirs)]
 
 
 def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1, threads: int | None = None,
-        checkpoints: bool = False, out: Path | None = None, log=print, dry_run: bool = False) -> Path | None:
-    """Train the jobs not yet recorded or finished, within ``budget_s`` seconds; pack the finished ones into
-    records and write the archive (None when nothing finished or stopped). ``dry_run`` lists them only."""
+        checkpoints: bool = False, out: Path | None = None, log=print, dry_run: bool = False,
+        stack: int = 1) -> Path | None:
+    """Train the jobs not yet recorded or finished, within ``budget_s`` seconds, ``parallel`` processes at a
+    time, each training one run or up to ``stack`` side by side; pack the finished ones into records and
+    write the archive (None when nothing finished or stopped). ``dry_run`` lists them only."""
     t0 = time.time()
     deadline = t0 + budget_s * (1 - GRACE)
     todo = store.pending(job_list, store_dir, log=log)
     threads = store.threads_each(parallel, threads)
-    log(f"campaign: {len(todo)} of {len(job_list)} runs to train within {budget_s / 60:.1f} min, in this order:")
+    log(f"campaign: {len(todo)} of {len(job_list)} runs to train within {budget_s / 60:.1f} min, in this order"
+        + (f" (up to {stack} side by side in a process):" if stack > 1 else ":"))
     for i, job in enumerate(todo, 1):
         resume = " (continues its checkpoint)" if (job.dir(store_dir) / "checkpoint.pt").exists() else ""
         log(f"  {i:3d}. {job.key}  {job.command()}{resume}")
     if dry_run:
         return None
 
-    def one(job: Job) -> tuple[Job, str]:
-        return job, ("not started" if time.time() >= deadline else train(job, store_dir, deadline, threads))
+    def one(unit: list[Job]) -> list[tuple[Job, str]]:
+        states = (["not started"] * len(unit) if time.time() >= deadline
+                  else train(unit, store_dir, deadline, threads))
+        return list(zip(unit, states, strict=True))
 
     done, stopped = [], []
     with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
-        for job, st in pool.map(one, todo):
+        for job, st in (pair for pairs in pool.map(one, store.units(todo, stack)) for pair in pairs):
             log(f"  {st:11s} {time.time() - t0:7.0f} s  {job.key}")
             if st in store.FINISHED:
                 try:

@@ -66,6 +66,29 @@ def threads_each(parallel: int, threads: int | None = None) -> int:
     return threads or max(1, (os.cpu_count() or 1) // parallel)
 
 
+def units(todo: list[Job], stack: int = 1) -> list[list[Job]]:
+    """The processes that train ``todo``: one run each, or with ``stack`` > 1 up to ``stack`` runs that share
+    model, data and seed (``normfl.run.shared_key``; a job without its config, made by hand, trains alone)."""
+    from normfl.run import shared_key
+
+    groups: dict[str, list[Job]] = {}
+    for job in todo:
+        groups.setdefault(shared_key(job.cfg) if job.cfg is not None and stack > 1 else job.key, []).append(job)
+    return [g[i:i + stack] for g in groups.values() for i in range(0, len(g), max(1, stack))]
+
+
+def unit_command(unit: list[Job], dirs: list[Path], threads: int) -> list[str]:
+    """The command that trains ``unit`` into ``dirs``: ``train.py`` for one run; for several,
+    ``normfl.reproduce together`` on their folders, where their configs are written first."""
+    if len(unit) == 1:
+        return command(unit[0], dirs[0], threads)
+    for job, d in zip(unit, dirs, strict=True):
+        (d / ".hydra").mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(job.cfg, d / ".hydra" / "config.yaml")
+        OmegaConf.save(OmegaConf.create(job.overrides), d / ".hydra" / "overrides.yaml")
+    return [sys.executable, "-m", "normfl.reproduce", "together", *(str(d) for d in dirs), "--threads", str(threads)]
+
+
 def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: int | None = None,
                 retry_failed: bool = False, log=print, stack: int = 1) -> dict[str, int]:
     """Train every job whose run is not finished, ``parallel`` processes at a time; returns status counts.
@@ -76,14 +99,8 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
     fails ends alone. A folder without a summary (a killed run) continues from its checkpoint, or is
     cleared and run again if it has none.
     """
-    from normfl.run import shared_key
-
     todo = pending(job_list, store, FINISHED if retry_failed else (*FINISHED, "failed"), log)
     threads = threads_each(parallel, threads)
-    groups: dict[str, list[Job]] = {}
-    for job in todo:                       # a job without its config (made by hand) trains alone
-        groups.setdefault(shared_key(job.cfg) if job.cfg is not None and stack > 1 else job.key, []).append(job)
-    units = [g[i:i + stack] for g in groups.values() for i in range(0, len(g), max(1, stack))]
     log(f"{len(job_list)} runs, {len(job_list) - len(todo)} already stored, {len(todo)} to run "
         f"({parallel} process(es) at a time, {threads} thread(s) each, up to {stack} run(s) per process)")
 
@@ -97,15 +114,7 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
 
     def train(unit: list[Job]) -> list[str]:
         dirs = [prepare(job) for job in unit]
-        if len(unit) == 1:
-            cmd = command(unit[0], dirs[0][0], threads)
-        else:
-            for job, (d, _) in zip(unit, dirs, strict=True):
-                (d / ".hydra").mkdir(exist_ok=True)
-                OmegaConf.save(job.cfg, d / ".hydra" / "config.yaml")
-                OmegaConf.save(OmegaConf.create(job.overrides), d / ".hydra" / "overrides.yaml")
-            cmd = [sys.executable, "-m", "normfl.reproduce", "together", *(str(d) for d, _ in dirs),
-                   "--threads", str(threads)]
+        cmd = unit_command(unit, [d for d, _ in dirs], threads)
         t0 = time.time()
         out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False, text=True)
         states = []
@@ -128,7 +137,7 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
 
     counts: dict[str, int] = {}
     with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
-        for states in pool.map(train, units):
+        for states in pool.map(train, units(todo, stack)):
             for st in states:
                 counts[st] = counts.get(st, 0) + 1
     return counts
