@@ -355,6 +355,9 @@ NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "da
 
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
                 "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False}
+# Where the data lives is not what a run computes: the key holds these paths as the defaults' text whatever
+# they resolve to ($NORMFL_DATA, data_root=..., a GPU box's copy), so keys made before this stand
+KEY_PATHS = {"dataset.root": "data", "dataset.offline_dir": "../shared/data"}
 
 
 def config_key(cfg: DictConfig) -> str:
@@ -362,12 +365,16 @@ def config_key(cfg: DictConfig) -> str:
     changes what the run computes, stays in)."""
     whole = OmegaConf.to_container(cfg, resolve=True)
     data = {k: v for k, v in whole.items() if k not in NOT_IN_KEY}
-    for key, default in KEY_DEFAULTS.items():  # keys added later: absent at their default, so older keys stand
+    for key, default in (*KEY_DEFAULTS.items(), *KEY_PATHS.items()):
         *path, last = key.split(".")
         node = data
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and last in node and node[last] == default:
+        if not (isinstance(node, dict) and last in node):
+            continue
+        if key in KEY_PATHS:
+            node[last] = default
+        elif node[last] == default:            # keys added later: absent at their default, so older keys stand
             del node[last]
     audit = whole.get("audit") or {}
     if audit.get("mode") == "inband" and audit.get("canaries"):     # canaries in the run's own noise draws

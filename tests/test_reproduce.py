@@ -46,6 +46,8 @@ def test_store_key_ignores_how_a_run_runs_and_is_shared_between_figures():
     cfg = a.cfg.copy()
     cfg.threads, cfg.backend, cfg.progress = 1, "vmap", False
     assert config_key(cfg) == a.key
+    cfg.data_root, cfg.offline_data = "/scratch/torchvision", "/gpu-box/.gpu/data"   # where the data lives
+    assert config_key(cfg) == a.key and cfg.dataset.root == "/scratch/torchvision"
     cfg.seed = 43
     assert config_key(cfg) != a.key
     keys = [j.key for j in jobs.jobs("normec_t2", "paper")]
