@@ -78,8 +78,10 @@ def main() -> None:
                    "--out", str(out / "bench.csv"), *overrides], None),
         "pass": ([py, "train.py", *NORMEC_PASS, f"hydra.run.dir={out / 'normec-pass'}", *overrides], None),
     }
-    parts = {name: step(name, *commands[name], out) for name in LIMITS if name in args.parts}
-    write_report(out, parts)
+    parts = {}
+    for name in (n for n in LIMITS if n in args.parts):     # the report after each part: a call cut short keeps it
+        parts[name] = step(name, *commands[name], out)
+        write_report(out, parts)
     print(f"written: {out / 'report.md'}")
 
 
