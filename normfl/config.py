@@ -6,6 +6,7 @@ Each rule names the key, the value it got and what is allowed.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -148,6 +149,8 @@ def validate(cfg: DictConfig) -> None:
     pick_device(cfg.device.name)                      # a device this machine lacks is refused here
     _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
     _choice(cfg, "logger.mode", ("offline", "online", "disabled"))
+    if cfg.logger.name == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("logger", "wandb", "csv here (the wandb package is not installed: pip install wandb)")
 
     if _get(cfg, "algo._target_") == "normfl.algorithms.NormFedAvg":
         _validate_nfa(cfg)

@@ -160,6 +160,15 @@ def test_bad_environment(tmp_path, data_root, monkeypatch):
     refused(tmp_path, data_root, [], "offline_data (from $NORMFL_OFFLINE_DATA)")
 
 
+def test_a_logger_whose_package_is_missing(tmp_path, data_root, monkeypatch):
+    """A machine without wandb (a bare GPU box): logger=wandb is refused up front, not mid-run."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    refused(tmp_path, data_root, ["logger=wandb"], ("logger='wandb'", "the wandb package is not installed"))
+
+
 def test_corrupted_archive_is_named_by_its_checksum(tmp_path):
     offline = tmp_path / "offline"
     offline.mkdir()
