@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from normfl.reproduce.figures import markdown_table  # noqa: E402
 
-LIMITS = {"tests": 140, "suite": 130, "bench": 210, "pass": 60}     # seconds each; 540 s in all
+LIMITS = {"tests": 130, "suite": 120, "bench": 200, "pass": 90}     # seconds each; 540 s in all
 TARGETS = ("targets (issue 29, H100): A stacked bf16 <= 4 ms a round; 16 runs side by side <= 2.8 ms per "
            "run-round; a NORMEC paper run (42,000 steps, 300 evaluations) <= 3 minutes")
 SUITE = ["tests/test_resume.py", "tests/test_stacked.py", "tests/test_vectorized.py", "tests/test_capture.py",
