@@ -363,22 +363,27 @@ KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "
 KEY_PATHS = {"dataset.root": "data", "dataset.offline_dir": "../shared/data"}
 
 
+def _holder(data: dict, key: str) -> tuple[dict | None, str]:
+    """The dict that holds dotted ``key`` in ``data`` and the key's last part (None if no dict holds it)."""
+    *path, last = key.split(".")
+    for part in path:
+        data = data.get(part) if isinstance(data, dict) else None
+    return (data, last) if isinstance(data, dict) and last in data else (None, last)
+
+
 def config_key(cfg: DictConfig) -> str:
     """A stable hash of what a run computes: the resolved config without NOT_IN_KEY (an in-band audit, which
     changes what the run computes, stays in)."""
     whole = OmegaConf.to_container(cfg, resolve=True)
     data = {k: v for k, v in whole.items() if k not in NOT_IN_KEY}
-    for key, default in (*KEY_DEFAULTS.items(), *KEY_PATHS.items()):
-        *path, last = key.split(".")
-        node = data
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not (isinstance(node, dict) and last in node):
-            continue
-        if key in KEY_PATHS:
-            node[last] = default
-        elif node[last] == default:            # keys added later: absent at their default, so older keys stand
+    for key, default in KEY_DEFAULTS.items():  # keys added later: absent at their default, so older keys stand
+        node, last = _holder(data, key)
+        if node is not None and node[last] == default:
             del node[last]
+    for key, text in KEY_PATHS.items():
+        node, last = _holder(data, key)
+        if node is not None:
+            node[last] = text
     audit = whole.get("audit") or {}
     if audit.get("mode") == "inband" and audit.get("canaries"):     # canaries in the run's own noise draws
         data["audit"] = {"mode": "inband", "canaries": audit["canaries"]}
