@@ -25,6 +25,7 @@ def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
     floor, dense = got["floor"]["seconds"], got["dense floor"]["seconds"]
     assert all(r["seconds"] > 0 and r["vs_floor"] == r["seconds"] / floor and r["vs_dense"] == r["seconds"] / dense
                for r in rows)
+    assert all(r["cpu_isa"] and r["cpu_bf16"] for r in rows)      # what the CPU's bf16 speed depends on
     for name in (b for b in backends if b.startswith("normfl/")):
         row = got[name]                             # every backend on the first round's inputs, from one state
         tol = 5e-2 if name.endswith("+bf16") else 1e-4
