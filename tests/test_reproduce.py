@@ -186,13 +186,14 @@ def test_table_cells_keep_small_settings_readable():
 
 
 def test_seed_table_averages_seeds_beside_the_paper(tmp_path):
-    rows = [dict(dataset="fashion_mnist", method="normfedavg", status="completed", bits=32,
-                 last5_err=e, dir=fake_run(tmp_path / str(i), 1 - e / 100, [1.0, 0.8]))
-            for i, e in enumerate((11.0, 11.2, 11.4))]
+    rows = [dict(dataset="fashion_mnist", method="normfedavg", status="completed", bits=32, seed=seed,
+                 last5_err=e, dir=fake_run(tmp_path / str(seed), 1 - e / 100, [1.0, 0.8]))
+            for seed, e in ((2, 11.4), (0, 11.0), (1, 11.2))]
     table, comp, fig = figures.seeds_table(targets.get("normfedavg-t6"), pd.DataFrame(rows), "paper")
     row = table.iloc[0]
     assert row["seeds"] == 3 and row["last-5 test error % (ours)"] == pytest.approx(11.2)
     assert row["± (ours)"] == pytest.approx(0.2) and row["paper"] == 11.21
+    assert row["per seed (ours)"] == "11.00, 11.20, 11.40"               # in the order of the seeds
     assert fig is None                                        # the table's figure is NORMFEDAVG-F5
     assert figures.seeds_table(targets.get("normfedavg-f5"), pd.DataFrame(rows), "paper")[2] is not None
 

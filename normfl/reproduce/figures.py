@@ -243,17 +243,21 @@ def _claims(target, best) -> list:
 
 def seeds_table(target, df, profile):
     """NFA Tables 2-6: per column, bits per coordinate and the last-5 test error, mean ± std over
-    seeds, beside the paper's; the figure draws the seed-mean curves of training loss and test error."""
+    seeds and each seed's (the papers' std is a few hundredths; a reader needs to see which seed
+    makes ours wider), beside the paper's; the figure draws the seed-mean curves of training loss and
+    test error."""
     paper = _paper(target.id)
     g = df.dropna(subset=["last5_err"]).groupby(["dataset", "method"], sort=False)
     rows, comp = [], []
     for (ds, m), runs_ in g:
+        runs_ = runs_.sort_values("seed")
         def pv(column, field="value", ds=ds, m=m):
             return paper_value(target.id, dataset=ds, row=m, column=column, field=field, default=None)
         err, sd = runs_.last5_err.mean(), runs_.last5_err.std() if len(runs_) > 1 else float("nan")
         paper_err = pv("test_error_last5")
         rows.append({"dataset": ds, "column": m, "seeds": len(runs_), "t (ours)": runs_.bits.iloc[0],
                      "t (paper)": pv("t"), "last-5 test error % (ours)": err, "± (ours)": sd,
+                     "per seed (ours)": ", ".join(f"{e:.2f}" for e in runs_.last5_err),
                      "paper": paper_err, "± (paper)": pv("test_error_last5", "std"),
                      "diff": None if paper_err is None else err - paper_err})
         comp.append((f"{ds} {m} last-5 test error", err, paper_err))
