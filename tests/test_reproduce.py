@@ -236,7 +236,7 @@ def test_every_kind_draws_from_stored_runs(tmp_path, monkeypatch):
         metrics = pd.read_csv(d / "metrics.csv").assign(tau=[None, tau, tau, tau], steps_total=[0, 1, 2, 3],
                                                         transmissions_total=[0, 20, 40, 60])
         metrics.to_csv(d / "metrics.csv", index=False)
-        rows.append(dict(method=meth, beta=beta, gamma=gamma, alpha=0.01, p=p, tau=tau, epsilon=2.0, rounds=3,
+        rows.append(dict(method=meth, seed=i, beta=beta, gamma=gamma, alpha=0.01, p=p, tau=tau, epsilon=2.0, rounds=3,
                          dataset="cifar10", status="completed", dir=d, final_acc=50.0 + 10 * i,
                          best_acc=55.0 + 10 * i, final_loss=0.5, min_loss=0.5, last5_err=30.0, bits=32,
                          data="CIFAR-10 (JPEG copy)"))
