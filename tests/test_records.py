@@ -70,6 +70,24 @@ def test_a_run_is_packed_once_and_a_differing_record_is_refused(clone, data_root
     assert (rec / "metrics.csv.xz").read_bytes() != (other / "metrics.csv.xz").read_bytes()   # never overwritten
 
 
+def test_a_campaign_plans_by_the_wall_times_of_its_grids_finished_runs(clone, data_root, tmp_path):
+    store = clone("a")
+    done = job(data_root, "rounds=5", "seed=0")
+    campaign.run([done], store, 300, threads=1, out=tmp_path / "a.tar.gz")
+    wall = json.loads((records.RECORDS / done.key / "summary.json").read_text())["wall_time_s"]
+    todo = [job(data_root, "rounds=5", f"seed={s}") for s in (1, 2, 3)]
+    unknown = job(data_root, "rounds=6", "seed=1")                  # another grid point: no finished sibling
+    assert campaign.expected([done, *todo, unknown], store, "cpu") == {j.key: wall for j in (done, *todo)}
+    assert campaign.expected([done, *todo], store, "cuda") == {}     # times on another kind of device say nothing
+    lines = []
+    campaign.run([done, *todo], store, 2.5 * wall / (1 - campaign.GRACE), parallel=1, dry_run=True, log=lines.append)
+    assert lines[1].endswith(f"[~{wall:.0f} s]") and lines[-1].startswith("  about 2 of them fit")
+    lines = []
+    campaign.run([done, *todo, unknown], store, 60, dry_run=True, log=lines.append)
+    assert not any("fit the budget" in line for line in lines)       # no count where a time is unknown
+    assert [campaign.fitting([10, 10, 10], n, 20) for n in (1, 2, 3)] == [2, 3, 3]
+
+
 @pytest.mark.parametrize("stack", [1, 2])
 def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(stack, clone, data_root, tmp_path,
                                                                             monkeypatch):

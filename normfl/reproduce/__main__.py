@@ -107,8 +107,11 @@ def main(argv=None) -> None:
             budget = campaign.seconds(args.budget)
         except ValueError as err:
             raise ConfigError("--budget", args.budget, "a duration such as 90s, 25m or 2h") from err
+        from normfl.engine.flat import pick_device
+
         path = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints, args.archive,
-                            dry_run=args.dry_run, stack=args.stack or store.default_stack())
+                            dry_run=args.dry_run, stack=args.stack or store.default_stack(),
+                            device=pick_device("auto").type)
         if args.dry_run:
             return None
         print(f"archive: {path}" if path else "archive: none (no run finished or stopped)")

@@ -15,8 +15,11 @@ holds them and, with ``--checkpoints``, each unfinished run's checkpoint and con
 from __future__ import annotations
 
 import concurrent.futures as cf
+import heapq
+import json
 import re
 import signal
+import statistics
 import subprocess
 import tarfile
 import tempfile
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from normfl.reproduce import records, store
 from normfl.reproduce.jobs import ROOT, Job
+from normfl.results import FINISHED
 
 ARCHIVE_MAX = 16 * 2**20               # what one archive may weigh (a GPU box hands back files up to 16 MiB)
 GRACE = 0.05                           # of the budget left for the last step and the checkpoint
@@ -36,6 +40,34 @@ def seconds(budget: str) -> float:
     if not m:
         raise ValueError(f"--budget={budget!r}; allowed: a duration such as 90s, 25m or 2h")
     return float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]]
+
+
+def expected(job_list: list[Job], store_dir: Path, device: str) -> dict[str, float]:
+    """Each job's expected training time in seconds: the median wall time of the finished runs of the same
+    list that differ from it only in seed, made on the same kind of device (cpu, cuda, mps), at the
+    thread counts they had; no entry where there are none."""
+    def siblings(job: Job) -> tuple[str, ...]:
+        return tuple(o for o in job.overrides if not o.startswith("seed="))
+
+    walls: dict[tuple[str, ...], list[float]] = {}
+    for job in job_list:
+        try:
+            summary = json.loads((records.locate(job.key, store_dir) / "summary.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if summary.get("status") in FINISHED and str(summary.get("device", "")).split(":")[0] == device:
+            walls.setdefault(siblings(job), []).append(summary["wall_time_s"])
+    return {job.key: statistics.median(walls[siblings(job)]) for job in job_list if siblings(job) in walls}
+
+
+def fitting(times: list[float], parallel: int, deadline_s: float) -> int:
+    """How many runs of these times, trained in order ``parallel`` at a time, finish within ``deadline_s``."""
+    lanes, fit = [0.0] * parallel, 0
+    for t in times:
+        end = heapq.heappop(lanes) + t
+        fit += end <= deadline_s
+        heapq.heappush(lanes, end)
+    return fit
 
 
 def train(unit: list[Job], store_dir: Path, deadline: float, threads: int) -> list[str]:
@@ -68,19 +100,27 @@ def train(unit: list[Job], store_dir: Path, deadline: float, threads: int) -> li
 
 def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1, threads: int | None = None,
         checkpoints: bool = False, out: Path | None = None, log=print, dry_run: bool = False,
-        stack: int = 1) -> Path | None:
+        stack: int = 1, device: str = "cpu") -> Path | None:
     """Train the jobs not yet recorded or finished, within ``budget_s`` seconds, ``parallel`` processes at a
     time, each training one run or up to ``stack`` side by side; pack the finished ones into records and
-    write the archive (None when nothing finished or stopped). ``dry_run`` lists them only."""
+    write the archive (None when nothing finished or stopped). ``dry_run`` lists them only. The list gives
+    each run's expected time where runs of its grid on this kind of ``device`` have finished."""
     t0 = time.time()
     deadline = t0 + budget_s * (1 - GRACE)
     todo = store.pending(job_list, store_dir, log=log)
     threads = store.threads_each(parallel, threads)
     log(f"campaign: {len(todo)} of {len(job_list)} runs to train within {budget_s / 60:.1f} min, in this order"
         + (f" (up to {stack} side by side in a process):" if stack > 1 else ":"))
+    eta = expected(job_list, store_dir, device)
     for i, job in enumerate(todo, 1):
         resume = " (continues its checkpoint)" if (job.dir(store_dir) / "checkpoint.pt").exists() else ""
-        log(f"  {i:3d}. {job.key}  {job.command()}{resume}")
+        t = eta.get(job.key)
+        whole = "" if t is None else f"  [~{t / 60:.0f} min]" if t >= 90 else f"  [~{t:.0f} s]"
+        log(f"  {i:3d}. {job.key}  {job.command()}{resume}{whole}")
+    if todo and stack == 1 and all(job.key in eta for job in todo):
+        fit = fitting([eta[job.key] for job in todo], parallel, deadline - t0)
+        log(f"  about {fit} of them fit the budget, by the wall times of their grid's finished runs "
+            "(a run continuing its checkpoint takes less)")
     if dry_run:
         return None
 
