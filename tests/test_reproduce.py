@@ -313,3 +313,26 @@ def test_adopt_files_a_hand_made_run_under_the_profiles_key(tmp_path):
     assert adopted["profile"] == "code" and adopted["adopted_from"] == str(run)
     assert config_key(OmegaConf.load(target / ".hydra" / "config.yaml")) == target.name
     assert json.loads((run / "summary.json").read_text()) == summary
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["campaign", "normfedavg-t3", "--parallel", "0"], r"--parallel=0; allowed: a whole number, at least 1"),
+    (["run", "normfedavg-t3", "--stack", "-1"], r"--stack=-1; allowed: a whole number, at least 1"),
+    (["campaign", "normfedavg-t3", "--threads", "0"], r"--threads=0; allowed"),
+    (["campaign", "normfedavg-t3", "--match", "experiment=nfa_t3_clip2 "], r"--match=\['experiment=nfa_t3_clip2 '\]; "
+     r"allowed: text in the train.py command of at least one run of NORMFEDAVG-T3"),
+    (["campaign", "normfedavg-t3", "--budget", "5x"], r"--budget='5x'; allowed: a duration such as 90s"),
+])
+def test_the_drivers_bad_options_are_refused_before_any_work(argv, match, tmp_path):
+    from normfl.reproduce.__main__ import main
+
+    with pytest.raises(ConfigError, match=match):
+        main([*argv, "--store", str(tmp_path / "store")])
+    assert not (tmp_path / "store").exists()                # refused before anything was made
+
+
+def test_adopting_an_archive_that_is_not_there_is_refused(tmp_path):
+    from normfl.reproduce.__main__ import main
+
+    with pytest.raises(ConfigError, match=r"adopt=\['.*no.tar.gz'\]; allowed: archives that exist"):
+        main(["adopt", str(tmp_path / "no.tar.gz"), "--store", str(tmp_path / "store")])

@@ -69,6 +69,9 @@ def main(argv=None) -> None:
         raise ConfigError("--launcher", None, f"a Hydra launcher for the train.py overrides {args.overrides}")
     if args.launcher and args.match:
         raise ConfigError("--match", args.match, "no --match with --launcher (a launcher trains whole sweeps)")
+    for flag, value in (("--parallel", args.parallel), ("--threads", args.threads), ("--stack", args.stack)):
+        if value is not None and value < 1:
+            raise ConfigError(flag, value, "a whole number, at least 1")
 
     from normfl.reproduce import targets
 
@@ -78,6 +81,8 @@ def main(argv=None) -> None:
     if args.command == "adopt" and args.names and all(n.endswith((".tar.gz", ".tgz")) for n in args.names):
         from normfl.reproduce import campaign
 
+        if missing := [n for n in args.names if not Path(n).is_file()]:
+            raise ConfigError("adopt", missing, "archives that exist (a campaign's .tar.gz)")
         refused = sum(campaign.adopt(Path(n), args.store) for n in args.names)
         if refused:
             sys.exit(f"normfl: {refused} record(s) refused, the rest merged")
@@ -99,10 +104,15 @@ def main(argv=None) -> None:
         return None
     chosen = [targets.get(n) for n in args.names] or [t for t in targets.TARGETS.values()
                                                        if jobs.has_profile(t.grid, args.profile)]
+    grids = {t.id: [j for j in jobs.jobs(t.grid, args.profile) if wanted(j)]
+             for t in chosen if args.command in ("run", "campaign")}
+    if args.match and not any(grids.values()):
+        raise ConfigError("--match", args.match, "text in the train.py command of at least one run of "
+                          f"{', '.join(t.id for t in chosen)} (`--dry-run` without --match lists them)")
     if args.command == "campaign":
         from normfl.reproduce import campaign
 
-        job_list = list({j.key: j for t in chosen for j in jobs.jobs(t.grid, args.profile) if wanted(j)}.values())
+        job_list = list({j.key: j for t in chosen for j in grids[t.id]}.values())
         try:
             budget = campaign.seconds(args.budget)
         except ValueError as err:
@@ -119,7 +129,7 @@ def main(argv=None) -> None:
     if args.command == "run":
         print(f"store: {args.store}")
         for t in chosen:
-            job_list = [j for j in jobs.jobs(t.grid, args.profile) if wanted(j)]
+            job_list = grids[t.id]
             print(f"{t.id} ({args.profile}):")
             if args.dry_run:
                 for j in job_list:
