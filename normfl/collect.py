@@ -5,8 +5,9 @@
     python -m normfl.collect outputs/sweep outputs/runs/2026-11-22/10-01-02_normec --by algo.beta,algo.gamma \\
         --out table.csv --plot curves.png --metric test_acc --x round
 
-A run is any folder at or below the paths with a ``summary.json`` (a sweep's ``0/``, ``1/`` or ``0_algo.beta=0.1``).
-``--by``: dotted keys of the runs' ``.hydra/config.yaml``, comma-separated or repeated; by default the keys whose
+A run is any folder at or below the paths with a ``summary.json`` (a sweep's ``0/``, ``1/`` or ``0_algo.beta=0.1``,
+or a committed record of ``outputs/records``, so one's own runs sit beside the reproduction's).
+``--by``: dotted keys of the runs' ``.hydra/config.yaml`` (a record's ``config.yaml``), comma-separated or repeated; by default the keys whose
 values differ between the runs, less ``normfl.config.NOT_IN_KEY``. Columns: those keys (rows sorted by them), status,
 final and best test accuracy (%), best round, the certified ε (the tighter of PLD and RDP, else the composed bound)
 beside the target, rounds run, wall time, directory; a diverged or failed run has no accuracy. Printed as markdown;
@@ -33,6 +34,7 @@ from omegaconf import OmegaConf
 
 from normfl.config import KEY_DEFAULTS, NOT_IN_KEY
 from normfl.privacy import certified
+from normfl.reproduce import records
 from normfl.reproduce.figures import _save, curve, markdown_table, plt
 from normfl.results import write_atomic
 
@@ -49,8 +51,14 @@ def runs(*paths: str | Path) -> list[Path]:
 
 
 def _config(run: Path):
-    f = Path(run) / ".hydra" / "config.yaml"
-    return OmegaConf.load(f) if f.is_file() else OmegaConf.create()
+    """A run's config: ``.hydra/config.yaml`` of a run directory, or ``config.yaml`` of a committed record."""
+    f = next((f for f in (Path(run) / ".hydra" / "config.yaml", Path(run) / "config.yaml") if f.is_file()), None)
+    return OmegaConf.load(f) if f else OmegaConf.create()
+
+
+def _has_metrics(run: Path) -> bool:
+    """A run directory's ``metrics.csv``, or a record's compressed one (``curve`` reads either)."""
+    return (run / "metrics.csv").is_file() or (run / records.METRICS).is_file()
 
 
 @functools.cache
@@ -130,7 +138,7 @@ def plot(t: pd.DataFrame, by: list[str], path: Path, metric: str = "test_acc", x
     scale = 100 if metric == "test_acc" else 1
     for r in t.to_dict("records"):
         d = Path(r["dir"])
-        if not (d / "metrics.csv").is_file() or not {x, metric} <= set(curve(d).columns):
+        if not _has_metrics(d) or not {x, metric} <= set(curve(d).columns):
             continue
         pts = curve(d)[[x, metric]].apply(pd.to_numeric, errors="coerce")
         pts = pts[np.isfinite(pts).all(axis=1)]
@@ -176,7 +184,7 @@ def main(argv=None) -> None:
             fail(f"invalid --by={k}: no run's config has it; allowed: dotted config keys, such as "
                  + ", ".join(list(dict.fromkeys([*varying(dirs), *known]))[:6]))
     if args.plot:
-        cols = list(dict.fromkeys(c for d in dirs if (d / "metrics.csv").is_file() for c in curve(d).columns))
+        cols = list(dict.fromkeys(c for d in dirs if _has_metrics(d) for c in curve(d).columns))
         for flag, col in (("--metric", args.metric), ("--x", args.x)):
             if col not in cols:
                 fail(f"invalid {flag}={col}; allowed: a column of metrics.csv: {', '.join(cols) or '(none has one)'}")

@@ -119,3 +119,18 @@ def test_bad_input_is_refused_in_one_line(sweep, tmp_path, capsys, args, code, m
     assert exit_.value.code == code and err.out == ""
     assert err.err.startswith("normfl: " + message.format(**names)) and err.err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "empty.md"]     # nothing written
+
+
+def test_a_committed_record_sits_beside_a_run(sweep, tmp_path, monkeypatch):
+    """A record (config.yaml and metrics.csv.xz, no .hydra) is a run like any other: keys, row and curve."""
+    from normfl.reproduce import records
+
+    monkeypatch.setattr(records, "RECORDS", tmp_path / "records")
+    assert records.pack(sweep / "1") == "added"
+    rec = next((tmp_path / "records").iterdir())
+    assert not (rec / ".hydra").exists() and not (rec / "metrics.csv").exists()
+    main([str(sweep / "0"), str(rec), "--by", "algo.beta", "--plot", str(tmp_path / "c.png"),
+          "--metric", "train_loss"])
+    table = pd.DataFrame(collect(sweep / "0", rec, keys=("algo.beta",)))
+    assert sorted(table["algo.beta"]) == [0.01, 0.1]
+    assert (tmp_path / "c.png").stat().st_size > 1000
