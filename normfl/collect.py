@@ -7,10 +7,11 @@
 
 A run is any folder at or below the paths with a ``summary.json`` (a sweep's ``0/``, ``1/`` or ``0_algo.beta=0.1``,
 or a committed record of ``outputs/records``, so one's own runs sit beside the reproduction's).
-``--by``: dotted keys of the runs' ``.hydra/config.yaml`` (a record's ``config.yaml``), comma-separated or repeated; by default the keys whose
-values differ between the runs, less ``normfl.config.NOT_IN_KEY``. Columns: those keys (rows sorted by them), status,
-final and best test accuracy (%), best round, the certified ε (the tighter of PLD and RDP, else the composed bound)
-beside the target, rounds run, wall time, directory; a diverged or failed run has no accuracy. Printed as markdown;
+``--by``: dotted keys of the runs' ``.hydra/config.yaml`` (a record's ``config.yaml``), comma-separated or
+repeated; by default the keys whose values differ between the runs, less ``normfl.config.NOT_IN_KEY``.
+Columns: those keys (rows sorted by them), status, final and best test accuracy (%), best round, the certified
+ε (the tighter of PLD and RDP, else the composed bound) beside the target, rounds run, wall time, directory; a
+diverged or failed run has no accuracy. Printed as markdown;
 ``--out`` also writes it as .md or .csv; ``--plot`` (.png, .pdf) draws each run's ``metrics.csv`` column
 ``--metric`` against ``--x``, a line per run labelled by its keys (a diverged run up to its divergence).
 
