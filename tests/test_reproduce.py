@@ -322,6 +322,7 @@ def test_adopt_files_a_hand_made_run_under_the_profiles_key(tmp_path):
     (["campaign", "normfedavg-t3", "--match", "experiment=nfa_t3_clip2 "], r"--match=\['experiment=nfa_t3_clip2 '\]; "
      r"allowed: text in the train.py command of at least one run of NORMFEDAVG-T3"),
     (["campaign", "normfedavg-t3", "--budget", "5x"], r"--budget='5x'; allowed: a duration such as 90s"),
+    (["run", "normfedavg-t3", "--launcher", "slurmm"], r"--launcher='slurmm'; allowed: .*joblib .*slurm"),
 ])
 def test_the_drivers_bad_options_are_refused_before_any_work(argv, match, tmp_path):
     from normfl.reproduce.__main__ import main

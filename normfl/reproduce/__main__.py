@@ -69,6 +69,8 @@ def main(argv=None) -> None:
         raise ConfigError("--launcher", None, f"a Hydra launcher for the train.py overrides {args.overrides}")
     if args.launcher and args.match:
         raise ConfigError("--match", args.match, "no --match with --launcher (a launcher trains whole sweeps)")
+    if args.launcher and args.launcher not in (have := jobs.launchers()):
+        raise ConfigError("--launcher", args.launcher, " | ".join(have))
     for flag, value in (("--parallel", args.parallel), ("--threads", args.threads), ("--stack", args.stack)):
         if value is not None and value < 1:
             raise ConfigError(flag, value, "a whole number, at least 1")

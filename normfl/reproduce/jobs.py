@@ -167,6 +167,16 @@ def compose(overrides: tuple[str, ...]) -> DictConfig:
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
+def launchers() -> list[str]:
+    """The Hydra launchers ``train.py -m`` can be given here (``hydra/launcher=...``): normfl's and the
+    installed plugins'."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return GlobalHydra.instance().config_loader().get_group_options("hydra/launcher")
+
+
 @functools.cache
 def jobs(name: str, profile: str) -> list[Job]:
     """Every run of an ID's grid, with its resolved config, store key and method: a grid point, then
