@@ -285,6 +285,10 @@ def _validate_nfa(cfg: DictConfig) -> None:
     quantized = a.mechanism != "none"
     _number(cfg, "algo.clip", lambda v: v > 0 and (v <= 1 or not quantized),
             "a number in (0, 1] (the quantizer needs |coordinates| <= 1)" if quantized else "a number > 0")
+    if a.get("scale_to_unit", False) not in (True, False):
+        raise ConfigError("algo.scale_to_unit", a.scale_to_unit, "true or false")
+    if a.get("scale_to_unit", False) and a.upload != "clip":
+        raise ConfigError("algo.scale_to_unit", True, f"false with algo.upload={a.upload} (it scales a clipped update)")
     if quantized and a.upload == "update":
         raise ConfigError("algo.upload", "update", "unit or clip with a quantizing mechanism (|coordinates| <= 1)")
     if a.mechanism == "binomial" and a.scope != "per_round":
@@ -357,7 +361,7 @@ NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "da
               "save_params", "checkpoint_every", "resume", "deterministic", "capture", "audit")
 
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
-                "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False}
+                "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False, "algo.scale_to_unit": False}
 # Where the data lives is not what a run computes: the key holds these paths as the defaults' text whatever
 # they resolve to ($NORMFL_DATA, data_root=..., a GPU box's copy), so keys made before this stand
 KEY_PATHS = {"dataset.root": "data", "dataset.offline_dir": "../shared/data"}

@@ -126,6 +126,25 @@ def test_private_round_is_seeded_unbiased_and_on_the_grid():
     assert ((draws.mean(0) - exact).abs() < 5 * se).all()                              # unbiased (5 standard errors)
 
 
+@pytest.mark.parametrize("C", [0.25, 0.5])
+def test_scaled_clipping_steps_the_same_and_puts_c_times_the_noise_on_the_model(C):
+    """Reading C-N16: Clip_C(u)/C on the grid and a step β·C. Without noise that is the literal round;
+    with QTDL, the noise on the model is C times the literal reading's (the same draws, scaled)."""
+    b = 3 * torch.randn(4, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    x0 = torch.zeros(5, dtype=torch.float64)
+
+    def step(mechanism, scaled, k=0):
+        algo = NormFedAvg(eta0=0.1, lr_decay=1.0, beta=[[0, 0.5]], local_steps=1, upload="clip", clip=C,
+                          scale_to_unit=scaled, mechanism=mechanism, s=2 ** 20, cohort_size=4)
+        algo.setup(x0, 4, 1, Privacy(epsilon=0.5), seed=0)
+        return algo.round(k, x0, Quadratic(b))[0]
+
+    plain = step("none", False)
+    assert torch.allclose(step("none", True), plain, atol=1e-12)                       # the same step
+    noise = {scaled: torch.stack([step("qtdl", scaled, k) - plain for k in range(200)]) for scaled in (False, True)}
+    assert (noise[True].std() / noise[False].std()).item() == pytest.approx(C, rel=0.2)
+
+
 NFA = ["experiment=nfa_t4_qtdl"]
 
 
@@ -138,6 +157,8 @@ NFA = ["experiment=nfa_t4_qtdl"]
     (["algo.mechanism=none", "algo.noise_at=server"], "algo.noise_at"),
     (["algo.cohort_size=51"], "algo.cohort_size"),
     (["algo.momentum=1.0"], "algo.momentum"),
+    (["algo.scale_to_unit=true"], "algo.scale_to_unit"),                     # it scales a clipped update
+    (["algo.upload=clip", "algo.scale_to_unit=maybe"], "algo.scale_to_unit"),
 ])
 def test_bad_nfa_settings_are_refused(overrides, key):
     with pytest.raises(ConfigError) as err:

@@ -18,6 +18,10 @@ The upload Ψ and the privatizer M give the paper's algorithms:
 | Clipping baseline (Sec. 6(ii))              | clip     | qtdl       |
 | FedAvg (Alg. 3: w_{k+1} = mean_i w_{k,E})   | update   | none, β=1  |
 
+``scale_to_unit`` (reading C-N16) sends the clipped update as Clip_C(u)/C, so that its coordinates use the
+quantizer's whole unit grid and the noise does not grow as C shrinks, and steps β_k·C: the paper's step sizes
+keep β_k·C the same for every C (App. H).
+
 Aggregate-level privacy (App. G(iii); reading C-N6) divides the sensitivities by r, so that only the mean of the r
 messages is private: with ``noise_at=client_aggregate`` each client adds its own TDL draw with those
 parameters (the paper's per-client m_i, α_i); with ``noise_at=server`` clients send Q(Ψ(.)) and a
@@ -68,8 +72,8 @@ class NormFedAvg(Algorithm):
     ``beta_over_eta`` · η_k."""
 
     def __init__(self, eta0, beta=None, beta_over_eta=None, lr_decay=0.99, local_steps=20, momentum=0.9,
-                 weight_decay=1e-4, cohort_size=None, upload="unit", clip=1.0, mechanism="none", s=4096,
-                 scope="per_round", sensitivity="heuristic", mu=0.1, noise_at="client", name="normfedavg"):
+                 weight_decay=1e-4, cohort_size=None, upload="unit", clip=1.0, scale_to_unit=False, mechanism="none",
+                 s=4096, scope="per_round", sensitivity="heuristic", mu=0.1, noise_at="client", name="normfedavg"):
         super().__init__(private=mechanism != "none", name=name)
         self.eta0, self.lr_decay = float(eta0), float(lr_decay)
         self.schedule = sorted((int(k), float(v)) for k, v in beta) if beta is not None else None
@@ -77,6 +81,7 @@ class NormFedAvg(Algorithm):
         self.local = {"steps": int(local_steps), "momentum": float(momentum), "weight_decay": float(weight_decay)}
         self.r, self.upload = cohort_size, upload
         self.bounding = Bounding({"update": "none"}.get(upload, upload), float(clip))
+        self.unit_scale = float(clip) if scale_to_unit and upload == "clip" else 1.0   # C, or 1 (reading C-N16)
         self.mechanism, self.s, self.scope = mechanism, int(s), scope
         self.sensitivity, self.mu = sensitivity, float(mu)
         self.noise_at = noise_at
@@ -125,7 +130,7 @@ class NormFedAvg(Algorithm):
     # -- one round (NFA Algorithm 2) ------------------------------------------------------------
     def psi(self, update: torch.Tensor) -> torch.Tensor:
         """What a client privatizes: the unit vector of its update, the clipped update, or the update."""
-        u = self.bounding(update)                                   # unit(0) = 0: M(0)
+        u = self.bounding(update) / self.unit_scale                 # unit(0) = 0: M(0); Clip_C(u)/C (C-N16)
         return u if self.upload == "update" else u.clamp(-1.0, 1.0)   # |u_i| <= 1 exactly, whatever the rounding
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
@@ -133,12 +138,13 @@ class NormFedAvg(Algorithm):
         W, loss = local_sgd(x, clients, ids, lr=self.eta(k), **self.local)             # 5-8: w_{k,E}^(i)
         u = self.psi(x - W)                                                            # 9: Ψ(w_k - w_{k,E})
         g = u.mean(0) if self.mech is None else self.mech.mean(u, self.generator(NOISE, k, x.device))
-        x = server_step(x, g, self.step(k))                                            # 9, 11: (1/r) Σ M(.)
+        x = server_step(x, g, self.step(k) * self.unit_scale)                         # 9, 11: (1/r) Σ M(.)
         return x, {"loss": loss.mean(), "uploads": len(ids)}
 
     # -- privacy report ------------------------------------------------------------------------
     def noise_target(self):
-        psi = "u/||u||" if self.upload == "unit" else f"Clip_C(u), C = {self.bounding.beta:g}"
+        psi = ("u/||u||" if self.upload == "unit" else f"Clip_C(u), C = {self.bounding.beta:g}"
+               + (" divided by C (the server steps β_k·C)" if self.unit_scale != 1.0 else ""))
         msg = f"Q(Ψ(u)) on the 1/s grid, u = w_k - w_(k,E), Ψ(u) = {psi}, |coordinates| ≤ 1"
         if self.noise_at == "server":
             return f"the mean of the r = {self.r} clients' {msg}; one draw by the server, weight 1", 1.0

@@ -80,9 +80,11 @@ NFA_BIN_CAUSE = ("All three seeds of the Binomial column train better than the p
 NFA_T5_CAUSE = ("Aggregate-level noise is read as each client's own draw for sensitivities Δ/r (the paper's "
                 "per-client m_i, α_i; noise_at=client_aggregate, reading C-N6): one server draw on the mean "
                 "(noise_at=server) has 5 times the std there and made every run diverge within 5 rounds. With it "
-                "DP-NormFedAvg and Clipping(C = 0.5) train; Clipping(C = 0.1, 0.25) still diverge: they take the same "
-                "noise (NFA Sec. 6(ii), App. G(iii)) with β_0 = 10 and 4 (App. H), 10 and 4 times DP-NormFedAvg's "
-                "noise on the model each round. Not resolved.")
+                "DP-NormFedAvg and Clipping(C = 0.5) train; Clipping(C = 0.1, 0.25) diverged when their clipped update "
+                "went on the quantizer's grid as it is: the same noise (NFA Sec. 6(ii), App. G(iii)) with β_0 = 10 "
+                "and 4 (App. H), 10 and 4 times DP-NormFedAvg's noise on the model each round. The grid now takes "
+                "Clip_C(u)/C and the server steps β·C (reading C-N16), the same noise on the model for every C; "
+                "not yet run that way.")
 NFA_CIFAR_TOL = dict(tolerance=2.0, why="3 seeds; CIFAR-10 from the JPEG copy")
 
 # Line colours and styles the captions state (NORMEC-F1: β = 0.01 blue, 0.1 green, 1.0 orange, 10
