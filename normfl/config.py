@@ -285,9 +285,8 @@ def _validate_nfa(cfg: DictConfig) -> None:
     quantized = a.mechanism != "none"
     _number(cfg, "algo.clip", lambda v: v > 0 and (v <= 1 or not quantized),
             "a number in (0, 1] (the quantizer needs |coordinates| <= 1)" if quantized else "a number > 0")
-    if a.get("scale_to_unit", False) not in (True, False):
-        raise ConfigError("algo.scale_to_unit", a.scale_to_unit, "true or false")
-    if a.get("scale_to_unit", False) and a.upload != "clip":
+    _choice(cfg, "algo.scale_to_unit", (True, False))
+    if a.get("scale_to_unit") and a.upload != "clip":
         raise ConfigError("algo.scale_to_unit", True, f"false with algo.upload={a.upload} (it scales a clipped update)")
     if quantized and a.upload == "update":
         raise ConfigError("algo.upload", "update", "unit or clip with a quantizing mechanism (|coordinates| <= 1)")

@@ -98,7 +98,7 @@ def normalize(v: torch.Tensor) -> torch.Tensor:
     return norm_alpha(v, 0.0)
 
 
-BOUNDINGS = ("norm", "scaled_norm", "clip", "unit", "none")
+BOUNDINGS = ("norm", "scaled_norm", "clip", "unit_clip", "unit", "none")
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,8 @@ class Bounding:
       Fed-α-NormEC: β multiplies Δ_i in the memories, outside Ψ);
     - ``scaled_norm``: β Norm_α (bound β; β inside Ψ: FedAvg's and DP-SGD's Ψ);
     - ``clip``: Clip_β (bound β: Clip21, DP-FedAvg with clipping, NFA's clipping baseline);
+    - ``unit_clip``: Clip_β / β (bound 1); the algorithm weights the release by β after it (NFA's clipping
+      baseline under reading C-N16: its quantizer's unit grid holds the whole ball of radius β);
     - ``unit``: v / ||v|| (bound 1: NormFedAvg);
     - ``none``: the identity (unbounded: non-private only).
     """
@@ -129,11 +131,13 @@ class Bounding:
             return self.beta * norm_alpha(v, self.alpha)
         if self.kind == "clip":
             return clip(v, self.beta)
+        if self.kind == "unit_clip":
+            return clip(v, self.beta) / self.beta
         return normalize(v) if self.kind == "unit" else v
 
     @property
     def bound(self) -> float:
-        return {"norm": 1.0, "unit": 1.0, "none": math.inf}.get(self.kind, self.beta)
+        return {"norm": 1.0, "unit_clip": 1.0, "unit": 1.0, "none": math.inf}.get(self.kind, self.beta)
 
 
 # -- participation --------------------------------------------------------------------------------------------
