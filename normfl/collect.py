@@ -52,14 +52,8 @@ def runs(*paths: str | Path) -> list[Path]:
 
 
 def _config(run: Path):
-    """A run's config: ``.hydra/config.yaml`` of a run directory, or ``config.yaml`` of a committed record."""
-    f = next((f for f in (Path(run) / ".hydra" / "config.yaml", Path(run) / "config.yaml") if f.is_file()), None)
-    return OmegaConf.load(f) if f else OmegaConf.create()
-
-
-def _has_metrics(run: Path) -> bool:
-    """A run directory's ``metrics.csv``, or a record's compressed one (``curve`` reads either)."""
-    return (run / "metrics.csv").is_file() or (run / records.METRICS).is_file()
+    f = records.config_file(run)                     # a run directory's, or a committed record's
+    return OmegaConf.load(f) if f.is_file() else OmegaConf.create()
 
 
 @functools.cache
@@ -139,7 +133,7 @@ def plot(t: pd.DataFrame, by: list[str], path: Path, metric: str = "test_acc", x
     scale = 100 if metric == "test_acc" else 1
     for r in t.to_dict("records"):
         d = Path(r["dir"])
-        if not _has_metrics(d) or not {x, metric} <= set(curve(d).columns):
+        if not records.metrics_file(d).is_file() or not {x, metric} <= set(curve(d).columns):
             continue
         pts = curve(d)[[x, metric]].apply(pd.to_numeric, errors="coerce")
         pts = pts[np.isfinite(pts).all(axis=1)]
@@ -185,7 +179,7 @@ def main(argv=None) -> None:
             fail(f"invalid --by={k}: no run's config has it; allowed: dotted config keys, such as "
                  + ", ".join(list(dict.fromkeys([*varying(dirs), *known]))[:6]))
     if args.plot:
-        cols = list(dict.fromkeys(c for d in dirs if _has_metrics(d) for c in curve(d).columns))
+        cols = list(dict.fromkeys(c for d in dirs if records.metrics_file(d).is_file() for c in curve(d).columns))
         for flag, col in (("--metric", args.metric), ("--x", args.x)):
             if col not in cols:
                 fail(f"invalid {flag}={col}; allowed: a column of metrics.csv: {', '.join(cols) or '(none has one)'}")

@@ -57,8 +57,7 @@ def runs(target, profile: str, store_dir: Path) -> pd.DataFrame:
 def curve(run_dir: Path) -> pd.DataFrame:
     """A finished run's metrics, from a run directory or a record (read once per process: figures and the
     report share runs; callers must not modify the frame)."""
-    plain = Path(run_dir) / "metrics.csv"
-    return pd.read_csv(plain if plain.is_file() else Path(run_dir) / records.METRICS)
+    return pd.read_csv(records.metrics_file(run_dir))
 
 
 def caption(df: pd.DataFrame, profile: str) -> str:

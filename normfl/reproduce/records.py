@@ -46,10 +46,22 @@ def locate(key: str, store: Path) -> Path:
     return RECORDS / key if (RECORDS / key / "summary.json").is_file() else store / key
 
 
+def config_file(run_dir: Path) -> Path:
+    """A run's config: a record's ``config.yaml``, else a run directory's ``.hydra/config.yaml``."""
+    run_dir = Path(run_dir)
+    return run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else run_dir / ".hydra" / "config.yaml"
+
+
+def metrics_file(run_dir: Path) -> Path:
+    """A run's per-round table: a run directory's ``metrics.csv``, else a record's ``metrics.csv.xz``."""
+    plain = Path(run_dir) / "metrics.csv"
+    return plain if plain.is_file() else Path(run_dir) / METRICS
+
+
 def contents(run_dir: Path) -> dict[str, bytes]:
     """A finished run directory (or a record) as a record's files, checked: its config gives its key."""
     run_dir = Path(run_dir)
-    cfg = run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else run_dir / ".hydra" / "config.yaml"
+    cfg = config_file(run_dir)
     packed = run_dir / METRICS
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
