@@ -441,10 +441,9 @@ def cpu_facts() -> dict:
     """What decides a CPU's bf16 speed, which the model name does not say: the vector instructions torch
     dispatches to and the CPU's bf16 units (setting A's floor in bf16: 1.64x faster than fp32 on a host
     with AMX, 1.23x slower on one with AVX512-BF16 alone; docs/engine.md)."""
-    try:
-        flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = []
+    from normfl.engine.flat import cpuinfo
+
+    flags = (cpuinfo("flags") or "").split()
     return {"cpu_isa": torch.backends.cpu.get_cpu_capability(),
             "cpu_bf16": " ".join(f for f in ("avx512_bf16", "amx_bf16") if f in flags) or "none"}
 

@@ -13,14 +13,20 @@ from normfl.errors import ConfigError
 PRECISIONS = ("fp32", "tf32", "bf16")     # full fp32 | fp32 with CUDA's TF32 matmuls and convolutions | bf16 autocast
 
 
+def cpuinfo(field: str) -> str | None:
+    """The value of the first ``field`` line of /proc/cpuinfo ("model name", "flags"); None off Linux."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next(line.split(":", 1)[1].strip() for line in fh if line.startswith(field))
+    except (OSError, StopIteration):
+        return None
+
+
 def device_name(device: torch.device) -> str:
     """The hardware behind ``device``: the GPU's name, or the CPU's model name."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def set_numerics(precision: str, deterministic: bool) -> None:
