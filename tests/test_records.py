@@ -1,14 +1,17 @@
 """The committed results store (``outputs/records``) and campaigns that fill it: records stay small and
-true to their keys, a record is never overwritten, and a campaign cut by its budget, adopted elsewhere and
-continued there ends with the record an uninterrupted campaign makes."""
+true to their keys, a record is never overwritten, a campaign cut by its budget, adopted elsewhere and
+continued there ends with the record an uninterrupted campaign makes, and Ctrl-C stops a driver cleanly."""
 
 from __future__ import annotations
 
 import json
 import lzma
+import os
 import shutil
+import signal
 import subprocess
 import tarfile
+import threading
 import time
 
 import pytest
@@ -16,6 +19,7 @@ from omegaconf import OmegaConf
 
 from normfl.config import config_key
 from normfl.reproduce import campaign, jobs, records
+from normfl.reproduce import store as run_store
 from normfl.reproduce.jobs import Job
 
 BUDGET_PER_RUN, BUDGET_TOTAL = 20_000, 8_000_000          # bytes: the repository travels to GPU boxes
@@ -136,3 +140,36 @@ def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(sta
         tar.add(bad / "records", arcname="records")
     assert campaign.adopt(tmp_path / "bad.tar.gz", store) == 1
     assert records.differences(records.contents(whole[0]), records.contents(records.RECORDS / j.key)) == []
+
+
+@pytest.mark.parametrize("driver", ["run", "campaign"])
+def test_ctrl_c_stops_a_driver_its_runs_checkpointed_none_failed_and_none_started_after(driver, clone, data_root,
+                                                                                         tmp_path):
+    """Ctrl-C to ``run`` (``make <id>``) or ``campaign`` while its first run trains: that run saves a checkpoint
+    (so it got one Ctrl-C, not the terminal's and the driver's both), is not marked failed, and the second
+    never starts; the driver ends with KeyboardInterrupt (exit 130), and the same command finishes both."""
+    store = clone("a")
+    js = [job(data_root, "rounds=4000", f"seed={s}") for s in (0, 1)]
+    metrics = js[0].dir(store) / "metrics.csv"
+
+    def press():                                        # once the first run has logged 3 evaluations of its 8
+        while not metrics.exists() or len(metrics.read_text().splitlines()) < 4:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def drive(out):
+        if driver == "run":
+            return run_store.run_missing(js, store, threads=1)
+        return campaign.run(js, store, 600, threads=1, checkpoints=True, out=out)
+
+    threading.Thread(target=press, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        drive(tmp_path / "a.tar.gz")
+    assert (js[0].dir(store) / "checkpoint.pt").exists() and run_store.status(js[0].dir(store)) == "missing"
+    assert not js[1].dir(store).exists() and not (records.RECORDS / js[0].key).exists()
+    if driver == "campaign":
+        assert tarfile.open(tmp_path / "a.tar.gz").getnames() == [f"store/{js[0].key}/checkpoint.pt",
+                                                                   f"store/{js[0].key}/.hydra/config.yaml"]
+    drive(tmp_path / "b.tar.gz")
+    assert [run_store.status(records.locate(j.key, store)) for j in js] == ["completed"] * 2
+    assert "resuming from round" in (js[0].dir(store) / "stdout.txt").read_text()

@@ -215,3 +215,5 @@ if __name__ == "__main__":
         main()
     except ConfigError as err:
         sys.exit(f"normfl: {err}")
+    except KeyboardInterrupt:               # said where it stopped (store.Stop); no traceback, the shell's code
+        sys.exit(130)

@@ -7,9 +7,11 @@ a GPU box for an hour, a SLURM job), and bring them home as one archive that ano
 A campaign lists the runs it will train, in order, and trains them one after another (``--parallel``
 at once; with ``--stack``, 16 by default on a GPU, runs that share model, data and seed side by side in one
 process). A run still going when the budget is nearly spent gets Ctrl-C, so it saves a checkpoint where it
-stands and stops (``normfl.run.training.Interrupts``); a later campaign, here or where the archive is
-adopted with its checkpoints, continues it. Finished runs become records (``records.pack``); the archive
-holds them and, with ``--checkpoints``, each unfinished run's checkpoint and config.
+stands and stops (``normfl.run.training.Interrupts``); so do the runs under way when the campaign itself gets
+Ctrl-C or SIGTERM (``store.Stop``), and the archive is then written as at the budget's end. A later campaign,
+here or where the archive is adopted with its checkpoints, continues a stopped run. Finished runs become
+records (``records.pack``); the archive holds them and, with ``--checkpoints``, each unfinished run's
+checkpoint and config.
 """
 
 from __future__ import annotations
@@ -70,24 +72,27 @@ def fitting(times: list[float], parallel: int, deadline_s: float) -> int:
     return fit
 
 
-def train(unit: list[Job], store_dir: Path, deadline: float, threads: int) -> list[str]:
+def train(unit: list[Job], store_dir: Path, deadline: float, threads: int, stop: store.Stop) -> list[str]:
     """Train one process's runs (one, or several side by side: ``store.unit_command``) in their store folders
-    until they finish or the deadline comes (then Ctrl-C: each saves a checkpoint and stops); their statuses:
-    completed, diverged, failed or stopped."""
+    until they finish, the deadline comes or ``stop`` is asked (then Ctrl-C: each saves a checkpoint and
+    stops); their statuses: completed, diverged, failed, stopped or not started."""
     dirs = [job.dir(store_dir) for job in unit]
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
     stopped = False
     with open(dirs[0] / "stdout.txt", "a") as out:
         start = out.tell()
-        proc = subprocess.Popen(store.unit_command(unit, dirs, threads), cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = stop.popen(store.unit_command(unit, dirs, threads), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        if proc is None:
+            return ["not started"] * len(unit)
         try:
             proc.wait(timeout=max(0.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGINT)
             proc.wait()
             stopped = True
+        finally:
+            stop.ended(proc)
     if len(dirs) > 1:                                   # the process's output, in each of its runs' folders
         with open(dirs[0] / "stdout.txt") as fh:
             fh.seek(start)
@@ -95,6 +100,7 @@ def train(unit: list[Job], store_dir: Path, deadline: float, threads: int) -> li
         for d in dirs[1:]:
             with open(d / "stdout.txt", "a") as fh:
                 fh.write(text)
+    stopped = stopped or stop.count > 0
     return [st if st != "missing" else "stopped" if stopped else "failed" for st in map(store.status, dirs)]
 
 
@@ -125,12 +131,12 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
         return None
 
     def one(unit: list[Job]) -> list[tuple[Job, str]]:
-        states = (["not started"] * len(unit) if time.time() >= deadline
-                  else train(unit, store_dir, deadline, threads))
+        states = (["not started"] * len(unit) if time.time() >= deadline or stop.count
+                  else train(unit, store_dir, deadline, threads, stop))
         return list(zip(unit, states, strict=True))
 
     done, stopped = [], []
-    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+    with store.Stop() as stop, cf.ThreadPoolExecutor(max_workers=parallel) as pool:
         for job, st in (pair for pairs in pool.map(one, store.units(todo, stack)) for pair in pairs):
             log(f"  {st:11s} {time.time() - t0:7.0f} s  {job.key}")
             if st in store.FINISHED:
@@ -141,9 +147,12 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
                     log(f"              record {err}")
             elif st == "stopped":
                 stopped.append(job)
-    if not done and not (checkpoints and stopped):
-        return None
-    return archive(done, stopped if checkpoints else [], store_dir, out)
+    path = archive(done, stopped if checkpoints else [], store_dir, out) if done or (checkpoints and stopped) \
+        else None
+    if stop.count:
+        log(f"campaign stopped by a signal: {len(done)} finished, {len(stopped)} stopped; archive: {path or 'none'}")
+        raise KeyboardInterrupt
+    return path
 
 
 def archive(done: list[Job], stopped: list[Job], store_dir: Path, out: Path | None = None) -> Path:

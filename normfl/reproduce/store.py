@@ -10,8 +10,10 @@ import concurrent.futures as cf
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +31,50 @@ def status(run_dir: Path) -> str:
         return json.loads((run_dir / "summary.json").read_text()).get("status", "failed")
     except (OSError, ValueError):
         return "missing"
+
+
+class Stop:
+    """Ctrl-C, or SIGTERM as a batch scheduler sends it, to a driver whose runs train in child processes: the
+    first asks every child to save a checkpoint and stop (their own first Ctrl-C, ``run.training.Interrupts``)
+    and starts no more; a second is passed on too, so they stop at once. The children have process groups of
+    their own, so a terminal's Ctrl-C reaches each through here, once per press. Signals reach only the main
+    thread; a driver elsewhere stops as before."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self) -> Stop:
+        self.count, self.children, self.previous = 0, set(), {}
+        self.lock = threading.RLock()
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        with self.lock:
+            self.count += 1
+            children = list(self.children)
+        print(f"\nnormfl: {signal.Signals(signum).name}: " + ("the runs under way save a checkpoint and stop; no "
+              "more start (again: they stop at once)" if self.count == 1 else "the runs stop at once"),
+              file=sys.stderr, flush=True)
+        for proc in children:
+            proc.send_signal(signal.SIGINT)
+
+    def popen(self, cmd: list[str], **kwargs) -> subprocess.Popen | None:
+        """Start a child in a process group of its own, or None once a stop is asked."""
+        with self.lock:
+            if self.count:
+                return None
+            proc = subprocess.Popen(cmd, process_group=0, **kwargs)
+            self.children.add(proc)
+            return proc
+
+    def ended(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.children.discard(proc)
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
 
 def default_stack() -> int:
@@ -113,17 +159,27 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
         return d, resume
 
     def train(unit: list[Job]) -> list[str]:
+        if stop.count:
+            return ["not started"] * len(unit)
         dirs = [prepare(job) for job in unit]
-        cmd = unit_command(unit, [d for d, _ in dirs], threads)
         t0 = time.time()
-        out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False, text=True)
+        proc = stop.popen(unit_command(unit, [d for d, _ in dirs], threads), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+        if proc is None:
+            return ["not started"] * len(unit)
+        try:
+            output = proc.communicate()[0]
+        finally:
+            stop.ended(proc)
         states = []
         for job, (d, resume) in zip(unit, dirs, strict=True):
             d.mkdir(parents=True, exist_ok=True)          # a run refused in a stack leaves no folder
             with open(d / "stdout.txt", "a" if resume else "w") as fh:
-                fh.write(out.stdout)
+                fh.write(output)
             st = status(d)
-            if st == "missing":  # refused or crashed before writing its summary
+            if st == "missing" and stop.count:            # asked to stop: its checkpoint, if any, is continued later
+                st = "stopped"
+            elif st == "missing":                         # refused or crashed before writing its summary
                 (d / "summary.json").write_text(json.dumps({"status": "failed", "error": _tail(d / "stdout.txt")}))
                 st = "failed"
             log(f"  {st:9s} {time.time() - t0:7.1f} s  {d.name}  {' '.join(job.overrides)}")
@@ -136,10 +192,14 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
         return states
 
     counts: dict[str, int] = {}
-    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+    with Stop() as stop, cf.ThreadPoolExecutor(max_workers=parallel) as pool:
         for states in pool.map(train, units(todo, stack)):
             for st in states:
                 counts[st] = counts.get(st, 0) + 1
+    if stop.count:
+        log(f"stopped: {', '.join(f'{n} {st}' for st, n in counts.items())}; the same command continues the "
+            "stopped runs from their checkpoints")
+        raise KeyboardInterrupt
     return counts
 
 
