@@ -111,6 +111,8 @@ def validate(cfg: DictConfig) -> None:
                           "distinct client ids in the data)")
     _number(cfg, "clients", lambda v: v >= 1, "an integer >= 1", integer=True, optional=True)
     _number(cfg, "seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", integer=True)
+    _number(cfg, "algo_seed", lambda v: 0 <= v < 2**32, "null (seed) or an integer in [0, 2^32)", integer=True,
+            optional=True)
     _number(cfg, "batch_size", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "eval_subset", lambda v: 0 < v <= 1, "null (the whole test set) or a number in (0, 1]",
@@ -360,7 +362,8 @@ NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "da
               "save_params", "checkpoint_every", "resume", "deterministic", "capture", "audit")
 
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
-                "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False, "algo.scale_to_unit": False}
+                "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False, "algo.scale_to_unit": False,
+                "algo_seed": None}
 # Where the data lives is not what a run computes: the key holds these paths as the defaults' text whatever
 # they resolve to ($NORMFL_DATA, data_root=..., a GPU box's copy), so keys made before this stand
 KEY_PATHS = {"dataset.root": "data", "dataset.offline_dir": "../shared/data"}

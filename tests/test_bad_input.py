@@ -92,6 +92,7 @@ CONFIG = [
      "privacy.epsilon=1e+308; allowed: a number in (0, 100]"),
     ("seed beyond 64 bits", ["seed=18446744073709551617"],
      "seed=18446744073709551617; allowed: an integer in [0, 2^32)"),
+    ("algo seed negative", ["algo_seed=-1"], "algo_seed=-1; allowed: null (seed) or an integer in [0, 2^32)"),
     ("p ignored", ["algo=normec", "p=0.5"], "p=0.5; allowed: 1.0 with algo=normec"),
     ("no cuda", ["device=cuda"], "device='cuda'; allowed: auto or cpu"),
     ("npz without path", ["dataset=npz"], "dataset.path='???'; allowed: the path of an .npz file"),

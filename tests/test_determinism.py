@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from normfl.ops import bernoulli_weights, cohort
 from normfl.run import run
@@ -22,11 +23,16 @@ EXTRA = {"nfa_binomial": ["algo.local_steps=2"],
 
 
 def outputs(data_root, out: Path, *overrides):
+    return run_in(data_root, out, *overrides)[1:]
+
+
+def run_in(data_root, out: Path, *overrides):
+    """The config, metrics (wall times aside), parameters and summary of one run into ``out``."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*BASE, f"data_root={data_root}", *overrides])
     out.mkdir()
-    summary = run(cfg, out)
-    return pd.read_csv(out / "metrics.csv").drop(columns="wall_time"), np.load(out / "params.npy"), summary
+    summary = run(cfg.copy(), out)
+    return cfg, pd.read_csv(out / "metrics.csv").drop(columns="wall_time"), np.load(out / "params.npy"), summary
 
 
 @pytest.mark.parametrize("backend", ["sequential", "vmap", "analytic", "stacked"])
@@ -61,6 +67,27 @@ def test_client_sampling_is_shared_across_algorithms():
         assert not torch.equal(ids, other.sampling.draw(k, "cpu").ids)
         q = [a.sampling.draw(k, "cpu").q for a in bern]
         assert torch.equal(q[0], q[1]) and torch.equal(q[0], bernoulli_weights(20, 0.25, 3, k))
+
+
+def test_algo_seed_moves_the_algorithms_draws_and_nothing_else(tmp_path, data_root):
+    """``algo_seed`` seeds the algorithm's noise and cohorts alone: equal to ``seed`` it is the run without it
+    (whose key it leaves as it was), another value keeps the model's start and the shards and changes the
+    training; the summary names it only when set."""
+    from normfl.config import config_key
+
+    overrides = ["algo=dp_fed_normec", "p=0.5", "seed=1"]
+    base, m1, p1, s1 = run_in(data_root, tmp_path / "a", *overrides)
+    same, m2, p2, _ = run_in(data_root, tmp_path / "b", *overrides, "algo_seed=1")
+    pd.testing.assert_frame_equal(m1, m2)
+    assert p1.tobytes() == p2.tobytes() and "algo_seed" not in s1
+    OmegaConf.set_struct(base, False)
+    del base["algo_seed"]                                                  # a config from before the key
+    assert config_key(base) == s1["config_key"] != config_key(same)
+    _, m3, p3, s3 = run_in(data_root, tmp_path / "c", *overrides, "algo_seed=2")
+    assert s3["algo_seed"] == 2 and s3["seed"] == 1
+    assert m3["test_loss"].iloc[0] == m1["test_loss"].iloc[0]             # round 0: the same model
+    assert (tmp_path / "c" / "partition.csv").read_bytes() == (tmp_path / "a" / "partition.csv").read_bytes()
+    assert not np.allclose(p3, p1)
 
 
 @pytest.mark.parametrize("overrides", [["algo=dp_fed_normec"], ["algo=dpfl", "model=cnn", "model.hidden=32"]])

@@ -102,6 +102,23 @@ def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkey
         == before
 
 
+@pytest.mark.parametrize("algo", ["dp_normec", "dp_normfedavg"])
+def test_runs_that_differ_in_algo_seed_step_together_each_with_its_own_draws(algo, tmp_path, data_root):
+    """Runs of one seed and several ``algo_seed`` share data and start (the noise study of reading C-N8): side
+    by side (α-NormEC's vectorized group, NormFedAvg's lockstep) each draws its own noise and cohorts."""
+    jobs = []
+    for s in (1, 2):
+        (tmp_path / "together" / str(s)).mkdir(parents=True)
+        jobs.append((config(data_root, "backend=stacked", f"algo={algo}", *EXTRA.get(algo, []), f"algo_seed={s}"),
+                     tmp_path / "together" / str(s)))
+    assert [r["status"] for r in train_together(jobs)] == ["completed"] * 2
+    for cfg, d in jobs:
+        (tmp_path / "alone" / d.name).mkdir(parents=True)
+        run(cfg, tmp_path / "alone" / d.name)
+        assert_same_run(tmp_path / "alone" / d.name, d)
+    assert not np.allclose(*(outputs(d)[1] for _, d in jobs))
+
+
 class Echo:
     """Clients of a backend that takes them one by one: requests are served alone."""
 

@@ -98,6 +98,12 @@ def shared_key(cfg: DictConfig, keys=SHARED) -> str:
     return json.dumps({k: OmegaConf.to_container(cfg, resolve=True).get(k) for k in keys}, sort_keys=True, default=str)
 
 
+def algo_seed(cfg: DictConfig) -> int:
+    """The seed of the algorithm's own draws (its noise, quantizer, cohorts, Poisson batches): ``algo_seed``, or
+    ``seed`` when that is null, as in every config before the key existed."""
+    return cfg.seed if cfg.get("algo_seed") is None else cfg.algo_seed
+
+
 def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     """Data, partition, model, algorithm and clients from a validated config, with the backend chosen.
     Runs built with one ``cache`` load and prepare the same data once."""
@@ -128,7 +134,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     data = ClientData(batches.x, batches.y, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle, batches=batches)
     steps = data.steps_per_pass() if cfg.get("reading", "text") == "pass" else 1
-    algo.setup(x, cfg.clients, cfg.rounds * steps, build_privacy(cfg, steps), cfg.seed)
+    algo.setup(x, cfg.clients, cfg.rounds * steps, build_privacy(cfg, steps), algo_seed(cfg))
     try:
         engine = ClientEngine(flat, cfg.backend, in_shape=tuple(ds.x_train.shape[1:]),
                               capture=cfg.get("capture", "auto"))
