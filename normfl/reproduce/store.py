@@ -64,7 +64,8 @@ class Stop:
         with self.lock:
             if self.count:
                 return None
-            proc = subprocess.Popen(cmd, process_group=0, **kwargs)
+            own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+            proc = subprocess.Popen(cmd, **own_group, **kwargs)     # the same session: `nice` and autogroup hold
             self.children.add(proc)
             return proc
 
