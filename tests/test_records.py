@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -173,3 +174,34 @@ def test_ctrl_c_stops_a_driver_its_runs_checkpointed_none_failed_and_none_starte
     drive(tmp_path / "b.tar.gz")
     assert [run_store.status(records.locate(j.key, store)) for j in js] == ["completed"] * 2
     assert "resuming from round" in (js[0].dir(store) / "stdout.txt").read_text()
+
+
+def test_stop_passes_each_signal_on_once_and_starts_nothing_after(tmp_path):
+    """``store.Stop``: every Ctrl-C or SIGTERM to the driver reaches each child as exactly one SIGINT (the
+    first asks for a checkpoint, the second stops at once), and no child starts once a stop is asked."""
+    got = tmp_path / "got"
+    child = ("import os, signal, sys, time\n"
+             "signal.signal(signal.SIGINT, lambda *a: open(sys.argv[1], 'a').write('INT\\n'))\n"
+             "open(sys.argv[1] + '.ready', 'w').close()\n"
+             "while not os.path.exists(sys.argv[1]) or len(open(sys.argv[1]).read().split()) < 2:\n"
+             "    time.sleep(0.01)\n")
+
+    def lines() -> int:
+        return len(got.read_text().split()) if got.exists() else 0
+
+    def until(ok) -> None:
+        for _ in range(6000):
+            if ok():
+                return
+            time.sleep(0.01)
+
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    with run_store.Stop() as stop:
+        proc = stop.popen([sys.executable, "-c", child, str(got)])
+        until((tmp_path / "got.ready").exists)
+        os.kill(os.getpid(), signal.SIGINT)
+        until(lambda: lines() == 1)              # two signals in flight at once would arrive as one
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0 and got.read_text().split() == ["INT", "INT"]
+        assert stop.count == 2 and stop.popen([sys.executable, "-c", ""]) is None
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before    # the driver's own are back
