@@ -192,7 +192,9 @@ def test_seed_table_averages_seeds_beside_the_paper(tmp_path):
     table, comp, fig = figures.seeds_table(targets.get("normfedavg-t6"), pd.DataFrame(rows), "paper")
     row = table.iloc[0]
     assert row["seeds"] == 3 and row["last-5 test error % (ours)"] == pytest.approx(11.2)
-    assert row["± (ours)"] == pytest.approx(0.2) and row["paper"] == 11.21
+    assert row["± seeds (ours)"] == pytest.approx(0.2) and row["paper"] == 11.21
+    # the seed-mean curve's test error, 90, 90, 11.2 % (rounds 0-2; fewer than five rounds here), and its std
+    assert row["± last 5 rounds (ours)"] == pytest.approx(pd.Series([90.0, 90.0, 11.2]).std())
     assert row["per seed (ours)"] == "11.00, 11.20, 11.40"               # in the order of the seeds
     assert fig is None                                        # the table's figure is NORMFEDAVG-F5
     assert figures.seeds_table(targets.get("normfedavg-f5"), pd.DataFrame(rows), "paper")[2] is not None
