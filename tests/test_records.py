@@ -198,10 +198,13 @@ def test_stop_passes_each_signal_on_once_and_starts_nothing_after(tmp_path):
     before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     with run_store.Stop() as stop:
         proc = stop.popen([sys.executable, "-c", child, str(got)])
-        until((tmp_path / "got.ready").exists)
-        os.kill(os.getpid(), signal.SIGINT)
-        until(lambda: lines() == 1)              # two signals in flight at once would arrive as one
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0 and got.read_text().split() == ["INT", "INT"]
+        try:
+            until((tmp_path / "got.ready").exists)
+            os.kill(os.getpid(), signal.SIGINT)
+            until(lambda: lines() == 1)          # two signals in flight at once would arrive as one
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0 and got.read_text().split() == ["INT", "INT"]
+        finally:
+            proc.kill()                          # a failing check leaves no child behind
         assert stop.count == 2 and stop.popen([sys.executable, "-c", ""]) is None
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before    # the driver's own are back
