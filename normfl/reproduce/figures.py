@@ -240,12 +240,16 @@ def _claims(target, best) -> list:
     return out
 
 
+def mean_curve(dirs) -> pd.DataFrame:
+    """The runs' metrics averaged round by round (the seeds of one column)."""
+    return pd.concat([curve(d) for d in dirs]).groupby("round").mean(numeric_only=True)
+
+
 def last5_spread(dirs) -> float:
     """The std (ddof 1) of the last five test errors of the runs' mean curve: the "±" of NFA App. G read as
     the spread over the last five rounds, which our records match in size where the std over seeds does
     not (reading C-N8). Its mean is the mean over seeds of the last-5 errors either way."""
-    mean = pd.concat([curve(d) for d in dirs]).groupby("round").mean(numeric_only=True)
-    return (100 - 100 * mean.test_acc.dropna()).tail(5).std()
+    return (100 - 100 * mean_curve(dirs).test_acc.dropna()).tail(5).std()
 
 
 def seeds_table(target, df, profile):
@@ -281,7 +285,7 @@ def seeds_table(target, df, profile):
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.6 * len(datasets)), squeeze=False)
     for row_axes, ds in zip(axes, datasets, strict=True):      # one row per dataset, as NFA Fig. 5 a-d
         for m, runs_ in done[done.dataset == ds].groupby("method", sort=False):
-            mean = pd.concat([curve(d) for d in runs_.dir]).groupby("round").mean(numeric_only=True)
+            mean = mean_curve(runs_.dir)
             full = mean.get("full_train_loss", pd.Series(dtype=float)).dropna()
             loss = full if len(full) else mean.train_loss.dropna()       # the whole training set when logged
             row_axes[0].plot(loss.index, loss, label=f"{m} ({len(runs_)} seeds)")
