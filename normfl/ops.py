@@ -139,6 +139,11 @@ class Bounding:
     def bound(self) -> float:
         return {"norm": 1.0, "unit_clip": 1.0, "unit": 1.0, "none": math.inf}.get(self.kind, self.beta)
 
+    @property
+    def weight(self) -> float:
+        """What the algorithm multiplies the release by after it: β for ``unit_clip`` (undoing its 1/β), else 1."""
+        return self.beta if self.kind == "unit_clip" else 1.0
+
 
 # -- participation --------------------------------------------------------------------------------------------
 

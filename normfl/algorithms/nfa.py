@@ -81,8 +81,7 @@ class NormFedAvg(Algorithm):
         self.local = {"steps": int(local_steps), "momentum": float(momentum), "weight_decay": float(weight_decay)}
         self.r, self.upload = cohort_size, upload
         kind = "unit_clip" if scale_to_unit and upload == "clip" else {"update": "none"}.get(upload, upload)
-        self.bounding = Bounding(kind, float(clip))
-        self.weight = self.bounding.beta if kind == "unit_clip" else 1.0    # Clip_C(u)/C is weighted by C (C-N16)
+        self.bounding = Bounding(kind, float(clip))                    # unit_clip: Clip_C(u)/C, weighted by C (C-N16)
         self.mechanism, self.s, self.scope = mechanism, int(s), scope
         self.sensitivity, self.mu = sensitivity, float(mu)
         self.noise_at = noise_at
@@ -139,13 +138,13 @@ class NormFedAvg(Algorithm):
         W, loss = local_sgd(x, clients, ids, lr=self.eta(k), **self.local)             # 5-8: w_{k,E}^(i)
         u = self.psi(x - W)                                                            # 9: Ψ(w_k - w_{k,E})
         g = u.mean(0) if self.mech is None else self.mech.mean(u, self.generator(NOISE, k, x.device))
-        x = server_step(x, g, self.step(k) * self.weight)                             # 9, 11: (1/r) Σ M(.)
+        x = server_step(x, g, self.step(k) * self.bounding.weight)                    # 9, 11: (1/r) Σ M(.)
         return x, {"loss": loss.mean(), "uploads": len(ids)}
 
     # -- privacy report ------------------------------------------------------------------------
     def noise_target(self):
         psi = ("u/||u||" if self.upload == "unit" else f"Clip_C(u), C = {self.bounding.beta:g}"
-               + (" divided by C (the server steps β_k·C)" if self.weight != 1.0 else ""))
+               + (" divided by C (the server steps β_k·C)" if self.bounding.weight != 1.0 else ""))
         msg = f"Q(Ψ(u)) on the 1/s grid, u = w_k - w_(k,E), Ψ(u) = {psi}, |coordinates| ≤ 1"
         if self.noise_at == "server":
             return f"the mean of the r = {self.r} clients' {msg}; one draw by the server, weight 1", 1.0
