@@ -277,7 +277,8 @@ def seeds_table(target, df, profile):
     for p in paper[paper.metric == "test_error_reduction_pct"].itertuples():   # "QTDL is 3% better than ..."
         ours = means.get((p.dataset, p.column[3:]), math.nan) - means.get((p.dataset, p.row), math.nan)
         comp.append((f"{p.dataset} {p.row} {p.column}: test error reduction (points)", ours, p.value))
-    table = pd.DataFrame(rows).astype({"t (paper)": "Int64"}) if rows else pd.DataFrame(rows)   # bits are integers
+    bits = {"t (ours)": "Int64", "t (paper)": "Int64"}                  # integers, also beside a run not yet made
+    table = pd.DataFrame(rows).astype(bits) if rows else pd.DataFrame(rows)
     done = df[df.status == "completed"]
     datasets = list(dict.fromkeys(done.dataset))
     if not target.draw.get("figure", True) or not datasets:      # nothing to draw when every run diverged
