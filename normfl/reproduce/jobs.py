@@ -15,6 +15,7 @@ store key and the paper's name for it. Two kinds of file feed it; training reads
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import re
@@ -159,12 +160,43 @@ def has_profile(name: str, profile: str) -> bool:
 
 @functools.cache
 def compose(overrides: tuple[str, ...]) -> DictConfig:
-    """The root config with these overrides (composed once per process: figures share runs)."""
+    """The root config with these overrides, as Hydra composes it (once per process: figures share runs).
+    Hydra builds the defaults from the config-group overrides, then sets the other overrides' values on
+    the result; most runs of a grid differ only in values, so the first step is made once per choice of
+    groups (``_groups``) and only the second is made per run, by Hydra's own function."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    values = [o for o in parsed if not (o.is_hydra_override() or o.is_sweep_override() or _is_group(o.key_or_group))
+              or isinstance(o.value(), dict)]                 # as hydra._internal.defaults_list.Overrides sorts them
+    cfg = copy.deepcopy(_groups(tuple(o.input_line for o in parsed if o not in values)))
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    return cfg
+
+
+@functools.cache
+def _groups(overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):   # leaves Hydra as it found it
         return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+@functools.cache
+def _is_group(name: str) -> bool:
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return GlobalHydra.instance().config_loader().repository.group_exists(name)
+
+
+def point_overrides(point: dict, profile: str) -> list[str]:
+    """The ``train.py`` overrides of a grid point under ``profile``: its own, then its group's profile settings."""
+    pairs = [*point.items(), *settings(point["experiment"], profile).items()]
+    return [*(f"{k}={value_text(v)}" for k, v in pairs), f"profile={profile}"]
 
 
 def launchers() -> list[str]:
@@ -188,11 +220,8 @@ def jobs(name: str, profile: str) -> list[Job]:
                           "ALI-DPFL's)")
     out = []
     for point in grid_points(name, profile):
-        run_group = point["experiment"]
-        pairs = [*point.items(), *settings(run_group, profile).items()]
-        overrides = [f"{k}={value_text(v)}" for k, v in pairs]
-        overrides.append(f"profile={profile}")
+        overrides = point_overrides(point, profile)
         cfg = compose(tuple(overrides))
-        out.append(Job(point, overrides, config_key(cfg), cfg, method(run_group, point)))
+        out.append(Job(point, overrides, config_key(cfg), cfg, method(point["experiment"], point)))
     unique = {job.key: job for job in reversed(out)}          # blocks may overlap: first one wins
     return [job for job in out if unique[job.key] is job]
