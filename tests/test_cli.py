@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,40 +126,54 @@ def test_a_single_run_ends_with_one_line(tmp_path, data_root):
     assert (tmp_path / "train.log").read_text().rstrip().endswith(line)
 
 
-CTRL_C_AT_STEP = """
+SIGNAL_AT_STEP = """
 import os, runpy, signal, sys
 from normfl.run import training
-record, at = training.Training.record, int(sys.argv.pop(1))
-def record_then_ctrl_c(self, *args):
+record, at, sig = training.Training.record, int(sys.argv.pop(1)), getattr(signal, sys.argv.pop(1))
+def record_then_signal(self, *args):
     record(self, *args)
     if self.step == at:
-        os.kill(os.getpid(), signal.SIGINT)
-training.Training.record = record_then_ctrl_c
+        os.kill(os.getpid(), sig)
+training.Training.record = record_then_signal
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
+SUBMITIT_LIKE = """
+import os, signal, sys
+ckpt = os.path.join(sys.argv[-1].split("=", 1)[1], "checkpoint.pt")       # the last argument: hydra.run.dir=...
+def requeue_and_exit(signum, frame):       # what submitit's SIGUSR2 handler does: requeue, then sys.exit(-1)
+    print("requeued; checkpoint there:", os.path.exists(ckpt), file=sys.stderr)
+    sys.exit(-1)
+signal.signal(signal.SIGUSR2, requeue_and_exit)
+signal.signal(signal.SIGTERM, lambda *a: print("bypassing SIGTERM", file=sys.stderr))
+"""
 
-def interrupt(data_root, *overrides, at_step: int) -> subprocess.CompletedProcess:
-    """``train.py`` with Ctrl-C pressed right after step ``at_step`` (a real SIGINT, sent by the process to
-    itself, so that it never comes after the run has ended however loaded the machine is)."""
-    cmd = [sys.executable, "-c", CTRL_C_AT_STEP, str(at_step), "train.py", f"data_root={data_root}", *overrides]
+
+def interrupt(data_root, *overrides, at_step: int, sig: str = "SIGINT", prelude: str = ""
+              ) -> subprocess.CompletedProcess:
+    """``train.py`` sent ``sig`` right after step ``at_step`` (a real signal, sent by the process to itself, so
+    that it never comes after the run has ended however loaded the machine is); ``prelude`` runs first."""
+    cmd = [sys.executable, "-c", prelude + SIGNAL_AT_STEP, str(at_step), sig, "train.py", f"data_root={data_root}",
+           *overrides]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("reading", ["text", "pass"])
-def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_finishes_the_run_exactly(reading, tmp_path, data_root):
+@pytest.mark.parametrize(("reading", "sig"), [("text", "SIGINT"), ("pass", "SIGTERM")])
+def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_finishes_the_run_exactly(reading, sig, tmp_path,
+                                                                                  data_root):
     """Issue 27.5: after Ctrl-C the message said the same command continues, but without a run directory the
     same command starts over elsewhere, and a run shorter than checkpoint_every had no checkpoint. Now Ctrl-C
     saves one after the step under way (part-way through a pass, too), and the printed command, run as
-    printed, ends with the same metrics and parameters as a run never interrupted."""
+    printed, ends with the same metrics and parameters as a run never interrupted. SIGTERM (a scheduler's or
+    a container's stop, ``kill``) is taken the same way and ends the process with 143, not by the signal."""
     args = [*SMALL, "algo=normec", "clients=4", "rounds=40", "save_params=true", "resume=false", f"reading={reading}",
             "batch_size=50", "eval_every=5"]
     whole = train(data_root, *args, f"hydra.run.dir={tmp_path / 'whole'}")
     assert whole.returncode == 0, whole.stderr[-2000:]
     cut = tmp_path / "cut"
-    out = interrupt(data_root, *args, f"hydra.run.dir={cut}", at_step=13)   # part-way through round 3's pass
-    assert out.returncode == 130 and (cut / "checkpoint.pt").exists(), out.stderr[-2000:]
+    out = interrupt(data_root, *args, f"hydra.run.dir={cut}", at_step=13, sig=sig)   # part-way through round 3's pass
+    assert out.returncode == 128 + getattr(signal, sig) and (cut / "checkpoint.pt").exists(), out.stderr[-2000:]
     assert "checkpoint saved at step 13 " in out.stderr, out.stderr[-2000:]
     printed = out.stderr.strip().splitlines()[-1].strip()
     assert "hydra.run.dir=" in printed and "resume=false" not in printed
@@ -167,6 +182,21 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_finishes_the_run_exac
     a, b = (pd.read_csv(tmp_path / d / "metrics.csv").drop(columns="wall_time") for d in ("whole", "cut"))
     pd.testing.assert_frame_equal(a, b)
     assert np.array_equal(np.load(tmp_path / "whole" / "params.npy"), np.load(cut / "params.npy"))
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="no SIGUSR2 here")
+def test_a_schedulers_preemption_signal_saves_a_checkpoint_before_its_handler_requeues(tmp_path, data_root):
+    """Under Hydra's SLURM launcher, submitit's SIGUSR2 handler requeues the job and exits; the requeued job
+    resumed from its last ``checkpoint_every`` (here: none, so from the start). Now the step under way ends,
+    the checkpoint is saved, and only then submitit's handler runs; submitit's SIGTERM handler stays its own."""
+    run_dir = tmp_path / "run"
+    args = [*SMALL, "algo=normec", "clients=4", "rounds=40", "eval_every=5", "checkpoint_every=0"]
+    out = interrupt(data_root, *args, f"hydra.run.dir={run_dir}", at_step=13, sig="SIGUSR2", prelude=SUBMITIT_LIKE)
+    assert out.returncode == 255 and "checkpoint saved at step 13 " in out.stderr, out.stderr[-2000:]
+    assert "requeued; checkpoint there: True" in out.stderr, out.stderr[-2000:]
+    out = interrupt(data_root, *args, f"hydra.run.dir={run_dir}", at_step=17, sig="SIGTERM", prelude=SUBMITIT_LIKE)
+    assert out.returncode == 0 and "bypassing SIGTERM" in out.stderr, out.stderr[-2000:]
+    assert "resuming from round 13" in (run_dir / "train.log").read_text()
 
 
 def test_ctrl_c_after_the_run_has_ended_says_so(tmp_path):

@@ -1,8 +1,8 @@
 """The Hydra entry of ``train.py``: one run into Hydra's output directory; bad input refused in one line,
 leaving nothing behind (``rundir``); a failing run recorded as failed (a sweep goes on); every run ends
 with one line saying how it went, and every sweep with a table of its jobs, its exit status non-zero,
-with a line per job, when any job was refused or failed. Ctrl-C saves a checkpoint and prints the
-command that continues the run."""
+with a line per job, when any job was refused or failed. Ctrl-C (or SIGTERM) saves a checkpoint and prints
+the command that continues the run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -46,9 +47,9 @@ def main(cfg: DictConfig) -> dict | None:
         print(f"normfl: job {hc.job.num} refused: {err}", file=sys.stderr)    # no log file: nothing left
         note(hc.sweep.dir, hc.job.num, overrides, "refused", out_dir)
         return {"status": "refused", "error": str(err)}
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:            # Ctrl-C, or SIGTERM (``training.Stopped``): exit 128 + the signal
         print(f"\nnormfl: interrupted; {resume_hint(out_dir, hc.sweep.dir if multirun else None)}", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(128 + getattr(err, "signum", signal.SIGINT))
     except Exception as err:  # a failed run is recorded, with its traceback in the log; a sweep carries on
         record_failure(out_dir, hc.job.num if multirun else out_dir.name, err, config_key(cfg))
         report.info(closing_line({"status": "failed", "error": repr(err)}, out_dir, f"{hc.job.name}.log"))

@@ -6,6 +6,7 @@ import functools
 import importlib.metadata
 import logging
 import math
+import os
 import platform
 import signal
 import subprocess
@@ -299,35 +300,74 @@ def run(cfg: DictConfig, out_dir: Path, **kw) -> dict:
         t.rundir.release()
 
 
+class Stopped(KeyboardInterrupt):
+    """Runs stopped by a signal after saving their checkpoints; the process ends with 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 class Interrupts:
-    """Ctrl-C while runs train: the first asks them to stop after the step under way, so that they save a
-    checkpoint where they stand (``requested``); a second stops at once. Only the main thread receives
-    signals, so elsewhere Ctrl-C acts as it always does."""
+    """A signal to stop while runs train: the first asks them to stop after the step under way, so that
+    they save a checkpoint where they stand (``asked``); a second stops at once. Signals taken:
+
+    - Ctrl-C (SIGINT), always, and SIGTERM where its default action is in force (a scheduler's or a
+      container's stop, ``kill``): the process then ends with ``Stopped`` (exit 130 or 143);
+    - a scheduler's warning that the job is about to be preempted or timed out, where a handler is
+      already set for it: submitit's signal (SIGUSR2, or ``$SUBMITIT_PREEMPT_SIGNAL``), under Hydra's
+      SLURM launcher. After the checkpoint, that handler runs (submitit requeues the job and exits), so the
+      requeued job resumes from where the signal came, not from its last ``checkpoint_every``. submitit's
+      own SIGTERM handler (it ignores SIGTERM) is left alone.
+
+    Only the main thread receives signals, so elsewhere they act as they always do."""
 
     def __enter__(self):
-        self.requested, self.previous = False, None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+        self.asked, self.previous, self.handover = None, {}, set()
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        wanted = [signal.SIGINT]
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            wanted.append(signal.SIGTERM)
+        preempt = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+        if preempt is not None and callable(signal.getsignal(preempt)):
+            self.handover.add(preempt)
+            wanted.append(preempt)
+        for signum in dict.fromkeys(wanted):
+            self.previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nnormfl: stopping after this step to save a checkpoint (Ctrl-C again stops at once)", file=sys.stderr)
+        if self.asked is not None:
+            return self._stop(signum, frame)
+        self.asked = (signum, frame)
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        said = "" if signum == signal.SIGINT else f"{name}: "
+        print(f"\nnormfl: {said}stopping after this step to save a checkpoint ({name} again stops at once)",
+              file=sys.stderr)
+
+    def _stop(self, signum, frame) -> None:
+        if signum in self.handover:          # the scheduler's handler: submitit requeues the job and exits
+            self.previous[signum](signum, frame)
+        else:
+            raise Stopped(signum)
 
     def stop_if_asked(self, trainings: list[Training]) -> None:
-        """After a step: if Ctrl-C came while runs are still going, each saves a checkpoint, and all stop (runs
+        """After a step: if a signal came while runs are still going, each saves a checkpoint, and all stop (runs
         that have just ended finish as usual)."""
         going = [t for t in trainings if t.active]
-        if self.requested and going:
+        if self.asked and going:
+            (signum, frame), self.asked = self.asked, None
             for t in going:
                 t.save()
-            raise KeyboardInterrupt
+                if signum in self.handover:
+                    print(f"normfl: checkpoint saved at step {t.step} in {t.out_dir}; the scheduler's handler of "
+                          f"{signal.Signals(signum).name} takes over (submitit: requeue)", file=sys.stderr)
+            self._stop(signum, frame)        # a handler that returns (submitit on a rank other than 0): go on
 
     def __exit__(self, *exc) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
 
 
 def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, round_: int):
