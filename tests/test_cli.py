@@ -190,7 +190,7 @@ def test_a_schedulers_preemption_signal_saves_a_checkpoint_before_its_handler_re
     resumed from its last ``checkpoint_every`` (here: none, so from the start). Now the step under way ends,
     the checkpoint is saved, and only then submitit's handler runs; submitit's SIGTERM handler stays its own."""
     run_dir = tmp_path / "run"
-    args = [*SMALL, "algo=normec", "clients=4", "rounds=40", "eval_every=5", "checkpoint_every=0"]
+    args = [*SMALL, "algo=normec", "clients=4", "rounds=20", "eval_every=5", "checkpoint_every=0"]
     out = interrupt(data_root, *args, f"hydra.run.dir={run_dir}", at_step=13, sig="SIGUSR2", prelude=SUBMITIT_LIKE)
     assert out.returncode == 255 and "checkpoint saved at step 13 " in out.stderr, out.stderr[-2000:]
     assert "requeued; checkpoint there: True" in out.stderr, out.stderr[-2000:]
