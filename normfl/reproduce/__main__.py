@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -215,5 +216,5 @@ if __name__ == "__main__":
         main()
     except ConfigError as err:
         sys.exit(f"normfl: {err}")
-    except KeyboardInterrupt:               # said where it stopped (store.Stop); no traceback, the shell's code
-        sys.exit(130)
+    except KeyboardInterrupt as err:        # said where it stopped (store.Stop); no traceback, the shell's code
+        sys.exit(128 + getattr(err, "signum", signal.SIGINT))         # SIGTERM to `together`: training.Stopped
