@@ -310,16 +310,20 @@ def ali_table(target, df, profile):
         rows.append({"dataset": r.dataset, "block": r.block, "epsilon": r.epsilon, "method": r.method,
                      "R_s": r.rounds, "final acc % (ours)": r.final_acc, "paper": pv,
                      "diff": None if pv is None else r.final_acc - pv})
-        comp.append((f"{r.dataset} {r.block} ε={r.epsilon} {r.method}", r.final_acc, pv))
+        comp.append((f"{_ali_column(r.dataset, r.block, r.epsilon)} {r.method}", r.final_acc, pv))
     long = pd.DataFrame(rows)
     if long.empty:
         return long, _comparison(comp), None
     cell = [f"{fmt(o)} / {fmt(p)}" for o, p in zip(long["final acc % (ours)"], long.paper, strict=True)]
-    wide = long.assign(cell=cell, col=[f"{d} {b} ε={e}".replace("  ", " ") for d, b, e in
+    wide = long.assign(cell=cell, col=[_ali_column(d, b, e) for d, b, e in
                                        zip(long.dataset, long.block, long.epsilon, strict=True)])
     order = ["ali_dpfl", *sorted((m for m in wide.method.unique() if m != "ali_dpfl"), key=lambda m: (len(m), m))]
     wide = wide.pivot_table(index="method", columns="col", values="cell", aggfunc="first").reindex(order).reset_index()
     return (long, wide.rename(columns={"method": "method (ours / paper, %)"})), _comparison(comp), None
+
+
+def _ali_column(dataset: str, block: str, epsilon: float) -> str:
+    return " ".join(filter(None, (dataset, block, f"ε={epsilon}")))       # Tables III and IV: no block
 
 
 def _ali_block(epsilon: float, rounds: int) -> str:
