@@ -168,8 +168,7 @@ def compose(overrides: tuple[str, ...]) -> DictConfig:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    values = [o for o in parsed if not (o.is_hydra_override() or o.is_sweep_override() or _is_group(o.key_or_group))
-              or isinstance(o.value(), dict)]                 # as hydra._internal.defaults_list.Overrides sorts them
+    values = [o for o in parsed if _sets_a_value(o)]
     cfg = copy.deepcopy(_groups(tuple(o.input_line for o in parsed if o not in values)))
     ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     return cfg
@@ -182,6 +181,15 @@ def _groups(overrides: tuple[str, ...]) -> DictConfig:
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):   # leaves Hydra as it found it
         return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def _sets_a_value(override) -> bool:
+    """Whether Hydra sets ``override`` on the composed config rather than choosing a config group with it
+    (as ``hydra._internal.defaults_list.Overrides`` sorts them); Hydra's own and sweep overrides stay with
+    the groups, in the whole composition."""
+    if override.is_hydra_override() or override.is_sweep_override():
+        return False
+    return isinstance(override.value(), dict) or not _is_group(override.key_or_group)
 
 
 @functools.cache
