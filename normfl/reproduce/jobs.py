@@ -15,6 +15,7 @@ store key and the paper's name for it. Two kinds of file feed it; training reads
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -177,10 +178,19 @@ def compose(overrides: tuple[str, ...]) -> DictConfig:
 @functools.cache
 def _groups(overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):   # leaves Hydra as it found it
+    with _hydra():
         return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+@contextlib.contextmanager
+def _hydra():
+    """Hydra initialised on ``conf/``, its config loader; Hydra is left as it was found."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader()
 
 
 def _sets_a_value(override) -> bool:
@@ -194,11 +204,8 @@ def _sets_a_value(override) -> bool:
 
 @functools.cache
 def _is_group(name: str) -> bool:
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return GlobalHydra.instance().config_loader().repository.group_exists(name)
+    with _hydra() as loader:
+        return loader.repository.group_exists(name)
 
 
 def point_overrides(point: dict, profile: str) -> list[str]:
@@ -210,11 +217,8 @@ def point_overrides(point: dict, profile: str) -> list[str]:
 def launchers() -> list[str]:
     """The Hydra launchers ``train.py -m`` can be given here (``hydra/launcher=...``): normfl's and the
     installed plugins'."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return GlobalHydra.instance().config_loader().get_group_options("hydra/launcher")
+    with _hydra() as loader:
+        return loader.get_group_options("hydra/launcher")
 
 
 @functools.cache
