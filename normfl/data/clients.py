@@ -15,7 +15,6 @@ import threading
 
 import numpy as np
 import torch
-from scipy.stats import binom
 
 from normfl import ops
 from normfl.data.transforms import crop_flip, draw_crop_flip, normalize
@@ -168,6 +167,9 @@ class ClientData:
         """A batch size that one client's Poisson batch at ``rate`` exceeds with probability below POISSON_TAIL:
         passes padded to it keep one shape (a larger draw is padded to its own size: the sampling stays exact)."""
         if rate not in self._capacity:
+            # here, not at the top: scipy.stats takes most of a second to load
+            from scipy.stats import binom
+
             self._capacity[rate] = int(max(binom.ppf(1 - POISSON_TAIL, len(p), rate) for p in self.parts))
         return self._capacity[rate]
 

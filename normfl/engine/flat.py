@@ -35,7 +35,8 @@ def set_numerics(precision: str, deterministic: bool) -> None:
     must repeat every bit, torch's deterministic algorithms when it must."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.benchmark = not deterministic
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:   # torch's setter imports its compiler
+        torch.use_deterministic_algorithms(deterministic)               # (about a second) to set its flag
 
 
 def numerics() -> dict:

@@ -18,6 +18,9 @@ claims none and charges every round.
   NFA Theorem 2 (``qtdl.composed``: basic or advanced composition, then amplification by sampling).
 
 ``ledger(release, delta, sampling)`` picks the right one.
+
+dp-accounting is imported where it is used: it brings scipy with it, about a second at the start of
+every process, which a run that is not private (``make run``, every test's subprocess) does not need.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import dp_accounting as dpa
 import numpy as np
-from dp_accounting import pld, rdp
-from dp_accounting.pld import privacy_loss_distribution as plds
 
 from normfl.cache import memo
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
 
 RELATIONS = ("add_remove", "replace")
 ACCOUNTANTS = ("rdp", "pld")
@@ -52,6 +56,8 @@ class GaussianRelease:
 
     def event(self, rounds: int, accountant: str) -> dpa.DpEvent | None:
         """The dp-accounting event of ``rounds`` rounds, or None if ``accountant`` cannot handle it."""
+        import dp_accounting as dpa
+
         z = self.noise_multiplier
         if not self.sampled:
             # dp-accounting's RDP ignores the relation for a plain Gaussian: replacing a client
@@ -64,11 +70,15 @@ class GaussianRelease:
         return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(self.sampling, dpa.GaussianDpEvent(z)), rounds)
 
     def relation(self, accountant: str) -> dpa.NeighboringRelation:
+        import dp_accounting as dpa
+
         if accountant == "pld" and self.neighbouring == "replace":
             return dpa.NeighboringRelation.REPLACE_ONE
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
     def accountant(self, name: str) -> dpa.PrivacyAccountant:
+        from dp_accounting import pld, rdp
+
         if name == "rdp":
             return rdp.RdpAccountant(neighboring_relation=self.relation(name))
         return pld.PLDAccountant(self.relation(name), value_discretization_interval=PLD_INTERVAL)
@@ -92,6 +102,8 @@ class Ledger:
     RDP is additive over rounds and PLD self-composes one round's distribution)."""
 
     def __init__(self, mech: GaussianRelease, delta: float):
+        from dp_accounting.pld import privacy_loss_distribution as plds
+
         self.mech, self.delta = mech, delta
         self._rdp_one = self._pld_one = None
         if mech.noise_multiplier > 0:
@@ -113,6 +125,8 @@ class Ledger:
             return {"rdp": 0.0, "pld": 0.0}
         if self.mech.noise_multiplier <= 0:
             return {"rdp": math.inf, "pld": math.inf}
+        from dp_accounting import rdp
+
         eps_rdp = None
         if self._rdp_one is not None:
             eps_rdp = float(rdp.rdp_privacy_accountant.compute_epsilon(self._orders, k * self._rdp_one, self.delta)[0])
@@ -177,6 +191,8 @@ def calibrate(epsilon: float, delta: float, rounds: int, accountant: str, sampli
     key = f"{accountant}|{epsilon!r}|{delta!r}|{rounds}|{sampling!r}|{amplification}|{neighbouring}"
 
     def solve():
+        import dp_accounting as dpa
+
         def mech(z):
             return GaussianRelease(z, sampling, amplification, neighbouring)
 

@@ -29,11 +29,14 @@ import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import dp_accounting as dpa
 import numpy as np
 
 from normfl.privacy.accounting import GaussianRelease, Ledger
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
 
 ORDERS_PAPER = tuple(range(2, 65))                            # "we select alpha from {2, 3, ..., 64}"
 ORDERS_BISECT = tuple(range(2, 64)) + (128, 256, 512)         # the authors' bisection (reading C-A9); same R_c

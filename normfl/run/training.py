@@ -28,7 +28,6 @@ from normfl.engine.batchnorm import tracked
 from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import Ledger, certified
-from normfl.privacy.audit.canaries import canaries_for
 from normfl.results import Recorder, finished
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build, round_of
@@ -49,9 +48,13 @@ class Training:
         self.cfg, self.out_dir, self.key, self.t_start, self.setup = cfg, Path(out_dir), key, t_start, setup
         self.rundir = rundir
         self.algo, self.clients, self.x, flat = setup.algo, setup.clients, setup.x, setup.flat
-        audit = cfg.get("audit", {})
-        self.audit = canaries_for(self.algo, self.clients, audit.canaries, flat.dim, cfg.seed, setup.device,
-                                  self.x.dtype, audit.get("mode", "sidecar")) if audit.get("canaries") else None
+        audit, self.audit = cfg.get("audit", {}), None
+        if audit.get("canaries"):
+            # here, not at the top: the auditor's statistics (scipy) load in most of a second
+            from normfl.privacy.audit.canaries import canaries_for
+
+            self.audit = canaries_for(self.algo, self.clients, audit.canaries, flat.dim, cfg.seed, setup.device,
+                                      self.x.dtype, audit.get("mode", "sidecar"))
         # the algorithm's round, or that round captured whole (not in-band: a graph replays no canary's scoring)
         self.round = self.algo.round if self.audit and self.audit.inband else round_of(self.algo, self.clients)
         label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
