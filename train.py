@@ -28,4 +28,7 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as stop:     # a sweep stopped at once (normfl.run.cli.SweepStop), or Ctrl-C before a run
+        sys.exit(128 + getattr(stop, "signum", 2))

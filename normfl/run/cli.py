@@ -2,7 +2,8 @@
 leaving nothing behind (``rundir``); a failing run recorded as failed (a sweep goes on); every run ends
 with one line saying how it went, and every sweep with a table of its jobs, its exit status non-zero,
 with a line per job, when any job was refused or failed. Ctrl-C (or SIGTERM) saves a checkpoint and prints
-the command that continues the run."""
+the command that continues the run; in a sweep whose jobs run in worker processes (joblib), the running jobs
+save theirs, none starts after, and the sweep prints the command that continues it."""
 
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 from normfl import checkpoint
 from normfl.config import config_key
 from normfl.results import FINISHED, closing_line, record_failure, shown, write_atomic
-from normfl.run.training import INPUT_ERRORS, run
+from normfl.run.training import INPUT_ERRORS, Stopped, run
 
 log = logging.getLogger("normfl")
 report = logging.getLogger("normfl.report")      # plain lines on the console, and in the log (conf/config.yaml)
 OUTCOMES = ".normfl-jobs"                      # a sweep's job outcomes, in its directory until it ends
 JOBS = "jobs"                                  # the sweep's table of jobs: jobs.csv and jobs.md at its root
+STOP = "stop"                                  # in OUTCOMES once a sweep is asked to stop: the signal's number
+SWEEP_PID = "NORMFL_SWEEP_PID"                 # a joblib sweep's own process, so its workers know they are not it
 
 
 def main(cfg: DictConfig) -> dict | None:
@@ -38,6 +41,8 @@ def main(cfg: DictConfig) -> dict | None:
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
+    if multirun and in_worker() and stop_asked(hc.sweep.dir) is not None:
+        return not_started(hc.sweep.dir, hc.job.num, overrides, out_dir)
     try:
         summary = run(cfg, out_dir, log_name=f"{hc.job.name}.log", overrides=overrides,
                       hydra_cfg=HydraConfig.instance().cfg)
@@ -48,8 +53,14 @@ def main(cfg: DictConfig) -> dict | None:
         note(hc.sweep.dir, hc.job.num, overrides, "refused", out_dir)
         return {"status": "refused", "error": str(err)}
     except KeyboardInterrupt as err:            # Ctrl-C, or SIGTERM (``training.Stopped``): exit 128 + the signal
+        signum = getattr(err, "signum", signal.SIGINT)
+        if multirun and in_worker():            # the sweep's own process prints how to continue it (SweepStop)
+            ask_stop(hc.sweep.dir, signum)
+            print(f"\nnormfl: job {hc.job.num} stopped: {saved(out_dir)}", file=sys.stderr)
+            note(hc.sweep.dir, hc.job.num, overrides, "stopped", out_dir)
+            return {"status": "stopped"}
         print(f"\nnormfl: interrupted; {resume_hint(out_dir, hc.sweep.dir if multirun else None)}", file=sys.stderr)
-        sys.exit(128 + getattr(err, "signum", signal.SIGINT))
+        sys.exit(128 + signum)
     except Exception as err:  # a failed run is recorded, with its traceback in the log; a sweep carries on
         record_failure(out_dir, hc.job.num if multirun else out_dir.name, err, config_key(cfg))
         report.info(closing_line({"status": "failed", "error": repr(err)}, out_dir, f"{hc.job.name}.log"))
@@ -69,19 +80,30 @@ def store_key(root: DictConfig) -> str:
     return config_key(OmegaConf.masked_copy(root, [k for k in root if k != "hydra"]))
 
 
+def ended(out_dir: Path) -> bool:
+    """Ctrl-C came as the run was ending: its summary is written and its checkpoint gone."""
+    return (Path(out_dir) / "summary.json").is_file() and not (Path(out_dir) / checkpoint.NAME).exists()
+
+
+def saved(out_dir: Path) -> str:
+    """What a run stopped by Ctrl-C left in ``out_dir``."""
+    if ended(out_dir):
+        return f"the run had ended before Ctrl-C came; its results are in {shown(out_dir)}"
+    state = checkpoint.peek(out_dir)
+    if not state:
+        return f"it had saved no checkpoint in {shown(out_dir)}"
+    step, k = state.get("step", state["rows"][-1].get("steps")), state["rows"][-1]["round"]
+    return f"checkpoint saved at step {step} (round {k} done) in {shown(out_dir)}"
+
+
 def resume_hint(out_dir: Path, sweep_dir=None) -> str:
     """What Ctrl-C left, and the exact command that continues it (the run's directory, or the sweep's, named)."""
-    state = checkpoint.peek(out_dir)
-    if not state and (Path(out_dir) / "summary.json").is_file():    # Ctrl-C came as the run was ending
-        ended = f"the run had ended before Ctrl-C came; its results are in {shown(out_dir)}"
-        if sweep_dir is None:
-            return ended
-        return f"{ended}; the sweep's other jobs go on with:\n  {resume_command(sweep_dir)}"
-    command = resume_command(sweep_dir)
-    if not state:
-        return f"it had saved no checkpoint, so this command starts it over in {shown(out_dir)}:\n  {command}"
-    step, k = state.get("step", state["rows"][-1].get("steps")), state["rows"][-1]["round"]
-    return f"checkpoint saved at step {step} (round {k} done) in {shown(out_dir)}; continue it with:\n  {command}"
+    what = saved(out_dir)
+    if ended(out_dir) and sweep_dir is None:
+        return what
+    verb = ("the sweep's other jobs go on" if ended(out_dir) else
+            "continue it" if (Path(out_dir) / checkpoint.NAME).exists() else "start it over")
+    return f"{what}; {verb} with:\n  {resume_command(sweep_dir)}"
 
 
 def resume_command(sweep_dir=None) -> str:
@@ -100,6 +122,36 @@ def interpreter() -> str:
     if on_path and os.path.realpath(on_path) == os.path.realpath(sys.executable):
         return "python"
     return shown(sys.executable)
+
+
+def in_worker() -> bool:
+    """Whether this process runs jobs for a sweep's own process (joblib's workers), not the sweep itself."""
+    return os.environ.get(SWEEP_PID, str(os.getpid())) != str(os.getpid())
+
+
+def stop_asked(sweep_dir) -> int | None:
+    """The signal that asked the sweep in ``sweep_dir`` to stop, if one did."""
+    try:
+        return int((Path(sweep_dir) / OUTCOMES / STOP).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ask_stop(sweep_dir, signum: int) -> None:
+    if stop_asked(sweep_dir) is None:
+        (Path(sweep_dir) / OUTCOMES).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(sweep_dir) / OUTCOMES / STOP, str(int(signum)))
+
+
+def not_started(sweep_dir, num, overrides: list[str], out_dir: Path) -> dict:
+    """A job whose sweep was asked to stop before it began: it leaves nothing but its outcome (the folder
+    Hydra made for it goes if it holds nothing)."""
+    try:
+        out_dir.rmdir()
+    except OSError:                             # not empty: an earlier run's, kept as it is
+        pass
+    note(sweep_dir, num, overrides, "not started", out_dir if out_dir.is_dir() else None)
+    return {"status": "not started"}
 
 
 def note(sweep_dir, num, overrides: list[str], status: str, out_dir=None) -> None:
@@ -136,18 +188,63 @@ def write_jobs(sweep_dir: Path, jobs: list[dict]) -> None:
     write_atomic(sweep_dir / f"{JOBS}.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
+class SweepStop:
+    """A joblib sweep's own process while its jobs run in worker processes. Without it, joblib meets the first
+    Ctrl-C by killing its workers, mid-checkpoint. With it, the first Ctrl-C or SIGTERM asks the sweep to stop:
+    no job starts after it, and each running job that got the signal itself (Ctrl-C in a terminal reaches the
+    whole process group) saves a checkpoint and returns ``stopped``; a second signal stops everything at once.
+    A signal to this process alone is not passed on (it would reach a job twice when the group got it too):
+    the running jobs then finish."""
+
+    def __init__(self, sweep_dir: Path):
+        self.sweep_dir, self.asked, self.previous = sweep_dir, False, {}
+        os.environ[SWEEP_PID] = str(os.getpid())
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signum == signal.SIGINT or signal.getsignal(signum) == signal.SIG_DFL:
+                self.previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.asked:                          # joblib then stops its workers where they stand
+            self.restore()
+            print(f"\nnormfl sweep: stopped at once; continue it with:\n  {resume_command(self.sweep_dir)}",
+                  file=sys.stderr)
+            raise Stopped(signum)
+        self.asked = True
+        ask_stop(self.sweep_dir, signum)
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"\nnormfl sweep: stopping: no job starts after this, and each running job the {name} reached saves a "
+              f"checkpoint and stops ({name} again stops at once)", file=sys.stderr)
+
+    def restore(self) -> None:
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
+        self.previous = {}
+        os.environ.pop(SWEEP_PID, None)
+
+
 class SweepReport(Callback):
     """After a sweep (``conf/config.yaml``'s ``hydra.callbacks``): its directory, a table of the swept values
     against each job's outcome (also in ``jobs.md``), a line per job refused or failed, and exit status 1 if
-    there was one."""
+    there was one; a sweep stopped by a signal prints the command that continues it and exits 128 + the signal.
+    Under the joblib launcher, the sweep's process takes Ctrl-C and SIGTERM while the sweep runs (``SweepStop``)."""
+
+    stop: SweepStop | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        (sweep_dir / OUTCOMES / STOP).unlink(missing_ok=True)           # asked of an earlier sweep here
+        if "joblib" in str(config.hydra.launcher.get("_target_", "")):
+            self.stop = SweepStop(sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from normfl.collect import sweep_table
 
+        if self.stop is not None:
+            self.stop.restore()
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not (sweep_dir / OUTCOMES).is_dir():
             return
-        jobs = outcomes(sweep_dir)
+        signum, jobs = stop_asked(sweep_dir), outcomes(sweep_dir)
         shutil.rmtree(sweep_dir / OUTCOMES, ignore_errors=True)
         if not jobs:
             return
@@ -160,8 +257,12 @@ class SweepReport(Callback):
             text = sweep_table(ran, list(next(iter(swept(jobs).values()))))
             write_atomic(sweep_dir / f"{JOBS}.md", text + "\n")
             print(text, file=sys.stderr)
-        bad = [o for o in jobs if o["status"] not in FINISHED]     # a diverged run is a result
+        bad = [o for o in jobs if o["status"] not in (*FINISHED, "stopped", "not started")]   # diverged: a result
         for o in bad:
             print(f"  job {o['job']} {o['status']}: {' '.join(o['overrides'])}", file=sys.stderr)
+        if signum is not None:
+            print(f"normfl sweep: stopped by {signal.Signals(signum).name}; continue it with:\n  "
+                  f"{resume_command(sweep_dir)}", file=sys.stderr)
+            sys.exit(128 + signum)
         if bad:
             sys.exit(1)
