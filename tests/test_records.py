@@ -177,14 +177,19 @@ def test_ctrl_c_stops_a_driver_its_runs_checkpointed_none_failed_and_none_starte
 
 
 def test_stop_passes_each_signal_on_once_and_starts_nothing_after(tmp_path):
-    """``store.Stop``: every Ctrl-C or SIGTERM to the driver reaches each child as exactly one SIGINT (the
-    first asks for a checkpoint, the second stops at once), and no child starts once a stop is asked."""
-    got = tmp_path / "got"
-    child = ("import os, signal, sys, time\n"
-             "signal.signal(signal.SIGINT, lambda *a: open(sys.argv[1], 'a').write('INT\\n'))\n"
-             "open(sys.argv[1] + '.ready', 'w').close()\n"
-             "while not os.path.exists(sys.argv[1]) or len(open(sys.argv[1]).read().split()) < 2:\n"
-             "    time.sleep(0.01)\n")
+    """``store.Stop``: every Ctrl-C or SIGTERM to the driver reaches each child, and each process a child
+    started (a joblib sweep's workers), as exactly one SIGINT (the first asks for a checkpoint, the second stops
+    at once), and no child starts once a stop is asked."""
+    got, worker_got = tmp_path / "got", tmp_path / "worker"
+    head = "import os, signal, subprocess, sys, time\n"
+    record = ("signal.signal(signal.SIGINT, lambda *a: open(sys.argv[1], 'a').write('INT\\n'))\n"
+              "open(sys.argv[1] + '.ready', 'w').close()\n"
+              "while not os.path.exists(sys.argv[1]) or len(open(sys.argv[1]).read().split()) < 2:\n"
+              "    time.sleep(0.01)\n")
+    worker = head + record
+    child = (head + f"w = subprocess.Popen([sys.executable, '-c', {worker!r}, {str(worker_got)!r}])\n"  # its worker
+             f"while not os.path.exists({str(worker_got) + '.ready'!r}):\n    time.sleep(0.01)\n"
+             + record + "w.wait()\n")
 
     def lines() -> int:
         return len(got.read_text().split()) if got.exists() else 0
@@ -204,7 +209,9 @@ def test_stop_passes_each_signal_on_once_and_starts_nothing_after(tmp_path):
             until(lambda: lines() == 1)          # two signals in flight at once would arrive as one
             os.kill(os.getpid(), signal.SIGTERM)
             assert proc.wait(timeout=60) == 0 and got.read_text().split() == ["INT", "INT"]
+            assert worker_got.read_text().split() == ["INT", "INT"]
         finally:
-            proc.kill()                          # a failing check leaves no child behind
+            if proc.poll() is None:              # a failing check leaves no child or worker behind
+                os.killpg(proc.pid, signal.SIGKILL)
         assert stop.count == 2 and stop.popen([sys.executable, "-c", ""]) is None
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before    # the driver's own are back

@@ -161,16 +161,24 @@ def launch(target, args) -> None:
     """Train an ID's grid through a Hydra launcher: a ``train.py -m`` sweep per block, its jobs writing into
     their store folders (``${store_key:}``; finished runs there are left as they are, killed ones resume),
     its table of jobs in ``launches/<id>/<time>`` beside the store."""
-    import subprocess
     import time
 
     sweep_dir = args.store.parent / "launches" / target.slug / time.strftime("%Y-%m-%d_%H-%M-%S")
-    for i, overrides in enumerate(jobs.sweeps(target.grid, args.profile)):
-        cmd = [sys.executable, str(store.ROOT / "train.py"), "-m", *overrides, f"hydra/launcher={args.launcher}",
-               f"hydra.sweep.dir={sweep_dir / str(i)}", f"hydra.sweep.subdir={args.store}/${{store_key:}}",
-               "progress=false", *([f"threads={args.threads}"] if args.threads else []), *args.overrides]
-        print("  " + " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, cwd=store.ROOT, check=False)
+    with store.Stop() as stop:                  # Ctrl-C: each sweep's running jobs save a checkpoint, none starts after
+        for i, overrides in enumerate(jobs.sweeps(target.grid, args.profile)):
+            cmd = [sys.executable, str(store.ROOT / "train.py"), "-m", *overrides, f"hydra/launcher={args.launcher}",
+                   f"hydra.sweep.dir={sweep_dir / str(i)}", f"hydra.sweep.subdir={args.store}/${{store_key:}}",
+                   "progress=false", *([f"threads={args.threads}"] if args.threads else []), *args.overrides]
+            print("  " + " ".join(cmd[1:]), flush=True)
+            if (proc := stop.popen(cmd, cwd=store.ROOT)) is None:
+                break
+            try:
+                proc.wait()
+            finally:
+                stop.ended(proc)
+    if stop.count:
+        print("stopped; the same command continues the stopped runs from their checkpoints", flush=True)
+        raise KeyboardInterrupt
 
 
 def together(dirs: list[str], threads: int | None) -> None:

@@ -37,8 +37,9 @@ class Stop:
     """Ctrl-C, or SIGTERM as a batch scheduler sends it, to a driver whose runs train in child processes: the
     first asks every child to save a checkpoint and stop (their own first Ctrl-C, ``run.training.Interrupts``)
     and starts no more; a second is passed on too, so they stop at once. The children have process groups of
-    their own, so a terminal's Ctrl-C reaches each through here, once per press. Signals reach only the main
-    thread; a driver elsewhere stops as before."""
+    their own, so a terminal's Ctrl-C reaches each through here, once per press; it goes to a child's whole
+    group, which holds the worker processes a child starts (a joblib sweep's: ``run.cli.SweepStop``). Signals
+    reach only the main thread; a driver elsewhere stops as before."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -57,7 +58,10 @@ class Stop:
               "more start (again: they stop at once)" if self.count == 1 else "the runs stop at once"),
               file=sys.stderr, flush=True)
         for proc in children:
-            proc.send_signal(signal.SIGINT)
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:           # it has just ended
+                pass
 
     def popen(self, cmd: list[str], **kwargs) -> subprocess.Popen | None:
         """Start a child in a process group of its own, or None once a stop is asked."""
