@@ -191,8 +191,8 @@ def test_stop_passes_each_signal_on_once_and_starts_nothing_after(tmp_path):
              f"while not os.path.exists({str(worker_got) + '.ready'!r}):\n    time.sleep(0.01)\n"
              + record + "w.wait()\n")
 
-    def lines() -> int:
-        return len(got.read_text().split()) if got.exists() else 0
+    def lines(path=got) -> int:
+        return len(path.read_text().split()) if path.exists() else 0
 
     def until(ok) -> None:
         for _ in range(6000):
@@ -206,7 +206,7 @@ def test_stop_passes_each_signal_on_once_and_starts_nothing_after(tmp_path):
         try:
             until((tmp_path / "got.ready").exists)
             os.kill(os.getpid(), signal.SIGINT)
-            until(lambda: lines() == 1)          # two signals in flight at once would arrive as one
+            until(lambda: lines() == lines(worker_got) == 1)     # two in flight at once would arrive as one
             os.kill(os.getpid(), signal.SIGTERM)
             assert proc.wait(timeout=60) == 0 and got.read_text().split() == ["INT", "INT"]
             assert worker_got.read_text().split() == ["INT", "INT"]

@@ -169,9 +169,9 @@ def launch(target, args) -> None:
             cmd = [sys.executable, str(store.ROOT / "train.py"), "-m", *overrides, f"hydra/launcher={args.launcher}",
                    f"hydra.sweep.dir={sweep_dir / str(i)}", f"hydra.sweep.subdir={args.store}/${{store_key:}}",
                    "progress=false", *([f"threads={args.threads}"] if args.threads else []), *args.overrides]
-            print("  " + " ".join(cmd[1:]), flush=True)
             if (proc := stop.popen(cmd, cwd=store.ROOT)) is None:
                 break
+            print("  " + " ".join(cmd[1:]), flush=True)
             try:
                 proc.wait()
             finally:

@@ -7,6 +7,7 @@ save theirs, none starts after, and the sweep prints the command that continues 
 
 from __future__ import annotations
 
+import _thread
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import shlex
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -194,14 +196,32 @@ class SweepStop:
     no job starts after it, and each running job that got the signal itself (Ctrl-C in a terminal reaches the
     whole process group) saves a checkpoint and returns ``stopped``; a second signal stops everything at once.
     A signal to this process alone is not passed on (it would reach a job twice when the group got it too):
-    the running jobs then finish."""
+    the running jobs then finish.
+
+    A worker must not die of the signal while it waits for a job or starts (joblib would then stop the sweep
+    at once): the signals are blocked in this process, so the workers it starts inherit them blocked, and a
+    worker's run unblocks them while it trains (``training.Interrupts``). Here a thread takes them with
+    ``sigwait`` and hands each to the main thread's handler."""
 
     def __init__(self, sweep_dir: Path):
-        self.sweep_dir, self.asked, self.previous = sweep_dir, False, {}
+        self.sweep_dir, self.asked, self.previous, self.waiter = sweep_dir, False, {}, None
         os.environ[SWEEP_PID] = str(os.getpid())
         for signum in (signal.SIGINT, signal.SIGTERM):
             if signum == signal.SIGINT or signal.getsignal(signum) == signal.SIG_DFL:
                 self.previous[signum] = signal.signal(signum, self._handle)
+        if hasattr(signal, "pthread_sigmask"):
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()   # started later, it would unblock them here (Python < 3.14)
+            signal.pthread_sigmask(signal.SIG_BLOCK, self.previous)
+            self.waiter = threading.Thread(target=self._wait, name="normfl-sweep-signals", daemon=True)
+            self.waiter.start()
+
+    def _wait(self) -> None:
+        while self.previous:
+            signum = signal.sigwait(self.previous)
+            if self.previous:                   # not restore()'s wake-up call
+                _thread.interrupt_main(signum)  # runs _handle in the main thread
 
     def _handle(self, signum, frame) -> None:
         if self.asked:                          # joblib then stops its workers where they stand
@@ -216,9 +236,17 @@ class SweepStop:
               f"checkpoint and stops ({name} again stops at once)", file=sys.stderr)
 
     def restore(self) -> None:
-        for signum, previous in self.previous.items():
-            signal.signal(signum, previous)
-        self.previous = {}
+        previous, self.previous = self.previous, {}
+        if self.waiter is not None and self.waiter.is_alive():
+            try:
+                signal.pthread_kill(self.waiter.ident, next(iter(previous)))  # ends its sigwait
+            except ProcessLookupError:                                        # it has just ended
+                pass
+            self.waiter.join(timeout=5)
+        if self.waiter is not None:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         os.environ.pop(SWEEP_PID, None)
 
 
@@ -229,6 +257,9 @@ class SweepReport(Callback):
     Under the joblib launcher, the sweep's process takes Ctrl-C and SIGTERM while the sweep runs (``SweepStop``)."""
 
     stop: SweepStop | None = None
+
+    def __getstate__(self) -> dict:             # pickled to joblib's workers with Hydra's context: the stop is ours
+        return {k: v for k, v in self.__dict__.items() if k != "stop"}
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

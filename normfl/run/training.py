@@ -326,7 +326,7 @@ class Interrupts:
     Only the main thread receives signals, so elsewhere they act as they always do."""
 
     def __enter__(self):
-        self.asked, self.previous, self.handover = None, {}, set()
+        self.asked, self.previous, self.handover, self.mask = None, {}, set(), None
         if threading.current_thread() is not threading.main_thread():
             return self
         wanted = [signal.SIGINT]
@@ -338,6 +338,8 @@ class Interrupts:
             wanted.append(preempt)
         for signum in dict.fromkeys(wanted):
             self.previous[signum] = signal.signal(signum, self._handle)
+        if hasattr(signal, "pthread_sigmask"):       # a sweep's worker holds them blocked between runs (cli.SweepStop)
+            self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self.previous)
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -369,6 +371,8 @@ class Interrupts:
             self._stop(signum, frame)        # a handler that returns (submitit on a rank other than 0): go on
 
     def __exit__(self, *exc) -> None:
+        if self.mask is not None:                    # blocked again first: one arriving now waits for the next run
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         for signum, previous in self.previous.items():
             signal.signal(signum, previous)
 
