@@ -1,5 +1,6 @@
 """Entry point: `python train.py [overrides]` runs one experiment, `python train.py -m ...` a sweep."""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -31,4 +32,4 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt as stop:     # a sweep stopped at once (normfl.run.cli.SweepStop), or Ctrl-C before a run
-        sys.exit(128 + getattr(stop, "signum", 2))
+        sys.exit(128 + getattr(stop, "signum", signal.SIGINT))

@@ -323,7 +323,8 @@ class Interrupts:
       requeued job resumes from where the signal came, not from its last ``checkpoint_every``. submitit's
       own SIGTERM handler (it ignores SIGTERM) is left alone.
 
-    Only the main thread receives signals, so elsewhere they act as they always do."""
+    Only the main thread receives signals, so elsewhere they act as they always do. A joblib sweep's worker
+    holds them blocked between runs (``run.cli.SweepStop``); they are unblocked here while it trains."""
 
     def __enter__(self):
         self.asked, self.previous, self.handover, self.mask = None, {}, set(), None
@@ -338,7 +339,7 @@ class Interrupts:
             wanted.append(preempt)
         for signum in dict.fromkeys(wanted):
             self.previous[signum] = signal.signal(signum, self._handle)
-        if hasattr(signal, "pthread_sigmask"):       # a sweep's worker holds them blocked between runs (cli.SweepStop)
+        if hasattr(signal, "pthread_sigmask"):
             self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self.previous)
         return self
 
