@@ -242,11 +242,11 @@ def test_ctrl_c_stops_a_joblib_sweep_its_running_jobs_checkpointed_and_the_print
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
-    def evaluations(job: int) -> int:
+    def rows(job: int) -> int:                  # metrics.csv's rows so far (written at each evaluation)
         metrics = sweep / str(job) / "metrics.csv"
         return len(metrics.read_text().splitlines()) - 1 if metrics.exists() else 0
 
-    while proc.poll() is None and min(evaluations(0), evaluations(1)) < 2:     # both running jobs under way
+    while proc.poll() is None and min(rows(0), rows(1)) < 2:                   # both running jobs under way
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGINT)                                          # the terminal's Ctrl-C
     _, err = proc.communicate(timeout=300)

@@ -20,7 +20,6 @@ import concurrent.futures as cf
 import heapq
 import json
 import re
-import signal
 import statistics
 import subprocess
 import tarfile
@@ -88,7 +87,7 @@ def train(unit: list[Job], store_dir: Path, deadline: float, threads: int, stop:
         try:
             proc.wait(timeout=max(0.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
+            store.interrupt(proc)
             proc.wait()
             stopped = True
         finally:

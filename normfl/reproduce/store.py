@@ -58,10 +58,7 @@ class Stop:
               "more start (again: they stop at once)" if self.count == 1 else "the runs stop at once"),
               file=sys.stderr, flush=True)
         for proc in children:
-            try:
-                os.killpg(proc.pid, signal.SIGINT)
-            except ProcessLookupError:           # it has just ended
-                pass
+            interrupt(proc)
 
     def popen(self, cmd: list[str], **kwargs) -> subprocess.Popen | None:
         """Start a child in a process group of its own, or None once a stop is asked."""
@@ -80,6 +77,14 @@ class Stop:
     def __exit__(self, *exc) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+def interrupt(proc: subprocess.Popen) -> None:
+    """A Ctrl-C to a child that ``Stop.popen`` started, and to the processes it started (its process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except ProcessLookupError:                   # it has just ended
+        pass
 
 
 def default_stack() -> int:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from normfl import checkpoint
 from normfl.config import config_key
 from normfl.results import FINISHED, closing_line, record_failure, shown, write_atomic
-from normfl.run.training import INPUT_ERRORS, Stopped, run
+from normfl.run.training import INPUT_ERRORS, Stopped, run, signal_name
 
 log = logging.getLogger("normfl")
 report = logging.getLogger("normfl.report")      # plain lines on the console, and in the log (conf/config.yaml)
@@ -100,10 +100,10 @@ def saved(out_dir: Path) -> str:
 
 def resume_hint(out_dir: Path, sweep_dir=None) -> str:
     """What Ctrl-C left, and the exact command that continues it (the run's directory, or the sweep's, named)."""
-    what = saved(out_dir)
-    if ended(out_dir) and sweep_dir is None:
+    what, done = saved(out_dir), ended(out_dir)
+    if done and sweep_dir is None:
         return what
-    verb = ("the sweep's other jobs go on" if ended(out_dir) else
+    verb = ("the sweep's other jobs go on" if done else
             "continue it" if (Path(out_dir) / checkpoint.NAME).exists() else "start it over")
     return f"{what}; {verb} with:\n  {resume_command(sweep_dir)}"
 
@@ -231,7 +231,7 @@ class SweepStop:
             raise Stopped(signum)
         self.asked = True
         ask_stop(self.sweep_dir, signum)
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        name = signal_name(signum)
         print(f"\nnormfl sweep: stopping: no job starts after this, and each running job the {name} reached saves a "
               f"checkpoint and stops ({name} again stops at once)", file=sys.stderr)
 

@@ -311,6 +311,11 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+def signal_name(signum: int) -> str:
+    """A signal as a message names it: Ctrl-C for SIGINT."""
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
 class Interrupts:
     """A signal to stop while runs train: the first asks them to stop after the step under way, so that
     they save a checkpoint where they stand (``asked``); a second stops at once. Signals taken:
@@ -347,7 +352,7 @@ class Interrupts:
         if self.asked is not None:
             return self._stop(signum, frame)
         self.asked = (signum, frame)
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        name = signal_name(signum)
         said = "" if signum == signal.SIGINT else f"{name}: "
         print(f"\nnormfl: {said}stopping after this step to save a checkpoint ({name} again stops at once)",
               file=sys.stderr)
