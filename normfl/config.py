@@ -22,7 +22,7 @@ from normfl.algorithms.tau import T_MODES, TAU_RULES
 from normfl.data.clients import ORACLES
 from normfl.data.sources import SPLITS, holdout_indices, npz_client_ids
 from normfl.data.transforms import SCALES
-from normfl.engine import BACKENDS, PRECISIONS
+from normfl.engine import BACKENDS, MEMORY_FORMATS, PRECISIONS
 from normfl.engine.capture import CAPTURES, capturable
 from normfl.engine.flat import pick_device
 from normfl.errors import ConfigError
@@ -125,6 +125,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "oracle", ORACLES, optional=False)
     _choice(cfg, "backend", BACKENDS, optional=False)
     _choice(cfg, "precision", PRECISIONS, optional=False)
+    _choice(cfg, "memory_format", MEMORY_FORMATS)
     _choice(cfg, "deterministic", (True, False))
     _choice(cfg, "capture", CAPTURES)
     _validate_audit(cfg)
@@ -359,7 +360,7 @@ def validate_data(cfg: DictConfig, parts) -> None:
 # What does not change what a run computes: left out of its key (the run store's folder names, and
 # the check that a checkpoint or a finished run in a folder belongs to the config asking for it).
 NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "data_root", "offline_data",
-              "save_params", "checkpoint_every", "resume", "deterministic", "capture", "audit")
+              "save_params", "checkpoint_every", "resume", "deterministic", "capture", "audit", "memory_format")
 
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
                 "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False, "algo.scale_to_unit": False,

@@ -16,9 +16,13 @@ variant alike (medians over ``--reps`` rounds, after one warm-up round):
 - ``paper-style``: the same work done the way the papers' public code does it: a deepcopy of the
   global model per client, a torch DataLoader over PIL images with torchvision transforms, and
   state-dict averaging (per-sample gradients by a loop over samples for DP-SGD);
-- ``eval``: one pass over the test set (normfl's evaluation);
+- ``eval``: one pass over the test set (normfl's evaluation; for a convolutional model also in the other
+  memory format);
 - ``+bf16``: normfl's sequential and stacked backends and the floors under bf16 autocast
-  (``precision=bf16``; not for DP-SGD, whose per-sample clipping stays fp32).
+  (``precision=bf16``; not for DP-SGD, whose per-sample clipping stays fp32);
+- ``+contiguous`` / ``+channels_last``: for a convolutional model, each variant (but vmap, which stays
+  plain) and the evaluation again in the memory format the run would not give it (``memory_format``), so
+  that one table says which layout is faster where.
 
 Settings: A NORMEC (CIFAR-10 ResNet20, 10 clients x one gradient of batch 32); B NormFedAvg
 (Fashion-MNIST MLP, 25 of 50 clients x 20 local steps x batch 256); C FEDNORMEC (20 clients,
@@ -367,6 +371,18 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
     stacked = ["stacked"] if clients.engine.stacked else []
     backends = (["layer norms", "vmap", *stacked] if dp else
                 [*clients.engine.backends(), "sequential+bf16", *(f"{s}+bf16" for s in stacked)])
+    flat = setup.flat
+    own = {"stacked": flat.grouped_layout.on, "model": flat.layout.on}     # the run's layouts (memory_format)
+
+    def channels_last(b: str) -> bool:                      # a variant's layout in the run
+        return own["stacked" if b.split("+")[0] == "stacked" else "model"]
+
+    def lay_out(on: bool):
+        flat.layout.on = flat.grouped_layout.on = flat.layout.applies and on
+
+    if flat.layout.applies:                                 # each variant in the other memory format too
+        backends += [f"{b}+{'contiguous' if channels_last(b) else 'channels_last'}" for b in backends
+                     if not b.startswith("vmap")]            # vmap stays plain
     layers = clients.engine.norm_layers
     x, k, times, split = setup.x, 0, {}, {}
     if torch.cuda.is_available():
@@ -380,13 +396,15 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
         times.setdefault(label, []).append(time.perf_counter() - t)
         return out
 
-    def use(b):
+    def use(variant):
+        b, *marks = variant.split("+")
+        lay_out("channels_last" in marks or (channels_last(b) and "contiguous" not in marks))
         if dp:                                               # per-sample clipping: layer norms, vmap, stacked
             clients.engine.norm_layers = None if b == "vmap" else layers
             clients.engine.backend = "stacked" if b == "stacked" else "sequential"
         else:                                                # precision=bf16: the sequential or stacked backend
-            clients.engine.backend = b.removesuffix("+bf16")
-            setup.flat.precision = "bf16" if b.endswith("+bf16") else "fp32"
+            clients.engine.backend = b
+            setup.flat.precision = "bf16" if "bf16" in marks else "fp32"
 
     for rep in range(reps + 1):
         for b in backends:
@@ -410,14 +428,19 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
             timed("floor+bf16", floor_bf16, clients.log)
             timed("dense floor+bf16", dense_bf16, clients.log)
         timed("paper-style", paper, clients.log)
-        setup.flat.precision = cfg.precision                 # evaluation in the run's own precision
+        setup.flat.precision = cfg.precision                 # evaluation in the run's own numerics
+        lay_out(own["model"])
         timed("eval", setup.flat.evaluate, x, setup.x_test, setup.y_test)
+        if flat.layout.applies:
+            lay_out(not own["model"])
+            timed(f"eval+{'contiguous' if own['model'] else 'channels_last'}", flat.evaluate, x, setup.x_test,
+                  setup.y_test)
     med = {label: statistics.median(v[1:]) for label, v in times.items()}   # the first round warms up
     phase = {key: statistics.median(v[1:]) for key, v in split.items()}
     facts = device_facts(setup.device)
     return [{"setting": name, "what": title, "variant": label, "seconds": s, "vs_floor": s / med["floor"],
              "vs_dense": s / med["dense floor"],
-             "vs_dense_same_precision": s / med["dense floor+bf16" if label.endswith("+bf16") and not dp
+             "vs_dense_same_precision": s / med["dense floor+bf16" if "+bf16" in label and not dp
                                                else "dense floor"],
              **{f"{p}_s": phase.get((label, p)) for p in ("data", "pass", "update")},
              "other_s": s - phase[label, "round"] if (label, "round") in phase else None,

@@ -108,6 +108,7 @@ CONFIG = [
     ("IG on unequal shards", ["algo=fed_normec", "algo.local_operator=ig", "partition=dirichlet"],
      ("algo.local_operator", "equal shard")),
     ("bf16 on vmap", ["precision=bf16", "backend=vmap"], ("precision", "backend=sequential")),
+    ("memory format", ["memory_format=nhwc"], "memory_format='nhwc'; allowed: auto | channels_last | contiguous"),
     ("analytic CNN", ["model=cnn", "backend=analytic"], ("backend='analytic'", "model=cnn", "mlp, logreg")),
     ("data nowhere", ["data_root=/nonexistent/root", "offline_data=/nonexistent/none", "dataset.download=false"],
      ("Fashion-MNIST not found", "To provide Fashion-MNIST")),

@@ -18,17 +18,19 @@ SPEC.loader.exec_module(bench)
 def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
     rows = bench.bench(setting, [f"data_root={data_root}", *overrides], reps=1)
     got = {r["variant"]: r for r in rows}
-    backends = (["normfl/layer norms", "normfl/vmap", "normfl/stacked"] if setting == "D" else
+    backends = (["normfl/layer norms", "normfl/vmap", "normfl/stacked", "normfl/layer norms+contiguous",
+                 "normfl/stacked+channels_last"] if setting == "D" else   # the CNN in the other memory format too
                 ["normfl/sequential", "normfl/vmap", "normfl/analytic", "normfl/stacked", "normfl/sequential+bf16",
                  "normfl/stacked+bf16", "floor+bf16", "dense floor+bf16"])
-    assert sorted(got) == sorted([*backends, "floor", "dense floor", "paper-style", "eval"])
+    assert sorted(got) == sorted([*backends, "floor", "dense floor", "paper-style", "eval",
+                                  *(["eval+contiguous"] if setting == "D" else [])])
     floor, dense = got["floor"]["seconds"], got["dense floor"]["seconds"]
     assert all(r["seconds"] > 0 and r["vs_floor"] == r["seconds"] / floor and r["vs_dense"] == r["seconds"] / dense
                for r in rows)
     assert all(r["cpu_isa"] and r["cpu_bf16"] for r in rows)      # what the CPU's bf16 speed depends on
     for name in (b for b in backends if b.startswith("normfl/")):
         row = got[name]                             # every backend on the first round's inputs, from one state
-        tol = 5e-2 if name.endswith("+bf16") else 1e-4
+        tol = 5e-2 if "+bf16" in name else 1e-4
         assert row["grad_rel_diff"] < tol and row["update_rel_diff"] < tol, (name, row)
         assert 0 < row["pass_s"] <= row["seconds"] and row["data_s"] >= 0       # phases of the round's time
         assert abs(row["data_s"] + row["pass_s"] + row["update_s"] + row["other_s"] - row["seconds"]) < 1e-9

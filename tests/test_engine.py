@@ -24,9 +24,9 @@ def float64():
     torch.set_default_dtype(old)
 
 
-def make(builder, in_shape=(3, 32, 32), **kw):
+def make(builder, in_shape=(3, 32, 32), layout="contiguous", **kw):
     torch.manual_seed(0)
-    return FlatModel(builder(in_shape, 10, **kw), CPU)
+    return FlatModel(builder(in_shape, 10, **kw), CPU, layout=layout)
 
 
 def batches(n, b, in_shape=(3, 32, 32), seed=0):
@@ -59,6 +59,41 @@ def test_side_by_side_backends_agree_with_sequential(backend, builder, kw, in_sh
     G1, _ = ClientEngine(ref, "sequential").grads(X, data)
     G2, _ = ClientEngine(vec, backend).grads(X, data)
     torch.testing.assert_close(G1, G2, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vmap", "stacked"])
+@pytest.mark.parametrize("builder, kw, in_shape", MODELS[:3])
+def test_channels_last_lays_out_the_activations_and_keeps_the_gradients(backend, builder, kw, in_shape, float64):
+    """memory_format=channels_last: every activation a convolution made is stored channels-last (what the
+    normalisation and pooling layers get; vmap stays plain, which it cannot relayout), and the gradients,
+    losses and running statistics are those of the plain layout."""
+    data = batches(3, 8, in_shape)
+    plain, nhwc = make(builder, in_shape, **kw), make(builder, in_shape, layout="channels_last", **kw)
+    assert (plain.layout.name, nhwc.layout.name) == ("contiguous", "channels_last")
+    x = plain.vector()
+    seen = {}
+
+    def note(m, args):                          # a layer that follows a convolution: how its input is stored
+        if type(m).__name__.lstrip("_") in ("BatchNorm2d", "GroupNorm", "MaxPool2d") and backend != "vmap":
+            seen.setdefault(id(m.layout_of), []).append(args[0].is_contiguous(memory_format=torch.channels_last))
+
+    got = {}
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
+    try:
+        for flat in (plain, nhwc):
+            for m in flat.module.modules():
+                m.layout_of = flat.layout
+            engine = ClientEngine(flat, backend)
+            for m in engine.stacked.module.modules() if backend == "stacked" else ():
+                m.layout_of = flat.layout
+            got[flat.layout.name] = engine.grads(x, data)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got["channels_last"], got["contiguous"], rtol=1e-9, atol=1e-11)
+    for a, b in zip(plain.module.buffers(), nhwc.module.buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    if backend != "vmap":
+        assert set(seen[id(plain.layout)]) == {False} and set(seen[id(nhwc.layout)]) == {True}
 
 
 @pytest.mark.parametrize("builder, kw, in_shape", [m for m in MODELS if m[1] != {}] + MODELS[2:])
@@ -229,10 +264,11 @@ def test_clip_factors_survive_float32_overflow():
         assert got[1] > 0
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("path", ["layer norms", "vmap", "stacked"])
-def test_clipped_per_sample_sums_match_a_naive_loop(path, monkeypatch):
+def test_clipped_per_sample_sums_match_a_naive_loop(path, layout, monkeypatch):
     """DP-SGD's per-sample clipping (from layer norms, vmap over samples, or every client in one stacked
-    pass) against one backward pass per sample."""
+    pass) against one backward pass per sample, in either memory format."""
     if path == "vmap":
         monkeypatch.setattr(clients_module, "norm_layers", lambda module: None)
     torch.manual_seed(2)
@@ -241,7 +277,7 @@ def test_clipped_per_sample_sums_match_a_naive_loop(path, monkeypatch):
     parts = [np.arange(0, 30), np.arange(30, 60)]
     prep = Preprocess((0.5,), (0.5,), CPU)
     data = ClientData(x_all, y_all, parts, 8, 0, prep, augment=False)
-    flat = make(models.cnn, in_shape=(1, 28, 28))
+    flat = make(models.cnn, in_shape=(1, 28, 28), layout=layout)
     engine = ClientEngine(flat, "stacked" if path == "stacked" else "sequential")
     X = torch.stack([flat.vector(), flat.vector() + 0.01 * torch.randn(flat.dim)])   # one point per client
     batches = data.poisson_batches(0.3)

@@ -1,6 +1,7 @@
 """Numerics a run states rather than inherits (issue 29, items 6-7): precision=fp32 is full fp32 (TF32 off),
-tf32 turns TF32 on, cuDNN's autotuner runs unless the run must repeat every bit, the summary says so; and
-an algorithm's state read from a checkpoint lands on the run's device, whatever device wrote it."""
+tf32 turns TF32 on, cuDNN's autotuner runs unless the run must repeat every bit, the memory format of the
+activations is chosen, the summary says so; and an algorithm's state read from a checkpoint lands on the
+run's device, whatever device wrote it."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import json
 import pytest
 import torch
 
+from normfl import models
 from normfl.algorithms import NormEC
 from normfl.algorithms.base import on_device
 from normfl.algorithms.memory import ClientMemory
-from normfl.engine.flat import numerics, set_numerics
+from normfl.engine.flat import FlatModel, memory_format, numerics, set_numerics
 from normfl.run import run
-from tests.test_stacked import config
+from tests.test_stacked import MODELS, assert_same_run, config
 
 
 @pytest.mark.parametrize(("precision", "deterministic", "want"), [
@@ -26,11 +28,36 @@ def test_precision_and_determinism_set_the_flags_and_the_summary_names_them(prec
                                                                            data_root):
     torch.backends.cuda.matmul.allow_tf32 = not want["tf32"]            # whatever came before
     summary = run(config(data_root, "model=logreg", "rounds=1", f"precision={precision}",
-                         f"deterministic={str(deterministic).lower()}"), tmp_path)
+                         f"deterministic={str(deterministic).lower()}", "memory_format=channels_last"), tmp_path)
     assert summary["numerics"] == want and summary["precision"] == precision
+    assert summary["memory_format"] == "contiguous"                     # logreg has no convolution to lay out
     assert json.loads((tmp_path / "summary.json").read_text())["numerics"] == want
     set_numerics("fp32", False)
     assert numerics() == {"tf32": False, "cudnn_benchmark": True, "deterministic": False}
+
+
+@pytest.mark.parametrize("model", ["resnet20-group fed_normec", "cnn dpfl"])
+@pytest.mark.parametrize("backend", ["sequential", "stacked"])
+def test_a_run_in_either_memory_format_is_the_same_run(model, backend, tmp_path, data_root):
+    """memory_format changes how activations lie in memory, not what the run computes (equal up to float
+    rounding), and the summary names the format. (With BatchNorm, the eval-mode test loss of a three-round
+    ResNet20 magnifies rounding past 1e-3: see test_stacked_equals_sequential.)"""
+    for fmt in ("channels_last", "contiguous"):
+        summary = run(config(data_root, *MODELS[model], f"backend={backend}", f"memory_format={fmt}"), tmp_path / fmt)
+        assert summary["memory_format"] == fmt
+    assert_same_run(tmp_path / "contiguous", tmp_path / "channels_last")
+
+
+def test_auto_lays_out_channels_last_where_it_measured_faster():
+    """auto: on a CPU the model's own passes and evaluation, not the stacked pass; elsewhere neither (until
+    measured there); a model without a convolution has nothing to lay out."""
+    assert memory_format("auto", torch.device("cpu")) == (True, False)
+    assert memory_format("auto", torch.device("meta")) == (False, False)        # stands in for a GPU
+    assert memory_format("channels_last", torch.device("meta")) == (True, True)
+    assert FlatModel(models.cnn((1, 28, 28), 10), torch.device("cpu"), layout="auto").memory_format == \
+        "channels_last (stacked pass: contiguous)"
+    assert FlatModel(models.mlp((1, 28, 28), 10), torch.device("cpu"), layout="channels_last").memory_format == \
+        "contiguous"
 
 
 def test_a_checkpointed_state_lands_on_the_runs_device():

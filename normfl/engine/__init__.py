@@ -15,7 +15,7 @@ The clients' batches and their sampling streams live with the data (``normfl.dat
 from normfl.engine.auto import choose_backend
 from normfl.engine.batchnorm import fold_running_stats
 from normfl.engine.clients import BACKENDS, ClientEngine, Clients
-from normfl.engine.flat import PRECISIONS, FlatModel, pick_device
+from normfl.engine.flat import MEMORY_FORMATS, PRECISIONS, FlatModel, pick_device
 
-__all__ = ["BACKENDS", "PRECISIONS", "ClientEngine", "Clients", "FlatModel", "choose_backend",
+__all__ = ["BACKENDS", "MEMORY_FORMATS", "PRECISIONS", "ClientEngine", "Clients", "FlatModel", "choose_backend",
            "fold_running_stats", "pick_device"]

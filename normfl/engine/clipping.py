@@ -103,6 +103,7 @@ def clipped_by_vmap(flat, x, xb, yb, clip: float, layers=None):
     def loss_one(params, xs, ys):
         return F.cross_entropy(functional_call(flat.module, params, (xs.unsqueeze(0),)), ys.unsqueeze(0))
 
-    g, loss = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(flat.as_params(x), xb, yb)
+    with flat.layout.off():
+        g, loss = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0))(flat.as_params(x), xb, yb)
     G = torch.cat([g[name].reshape(len(yb), -1) for name in flat.names], dim=1)             # [b, d]
     return clip_factors(sq_norms(G), clip).to(G.dtype) @ G, loss.mean()

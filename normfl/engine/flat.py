@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,7 @@ from torch import nn
 from normfl.errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "bf16")     # full fp32 | fp32 with CUDA's TF32 matmuls and convolutions | bf16 autocast
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")   # auto: see memory_format()
 
 
 def cpuinfo(field: str) -> str | None:
@@ -61,20 +63,70 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class Layout:
+    """A forward hook on a model's convolutions that stores their outputs channels-last (NHWC in memory; the
+    same values to every op) while ``on``. torch keeps that layout through ReLU, pooling, BatchNorm and the next
+    convolution, so one hook per convolution lays out every activation after the first. The values are the
+    same, the float rounding of the kernels that run on them is not."""
+
+    def __init__(self, applies: bool, on: bool):
+        self.applies = applies                  # the model has a convolution
+        self.on = applies and on
+
+    def __call__(self, module, args, out):
+        return out.contiguous(memory_format=torch.channels_last) if self.on and out.dim() == 4 else None
+
+    @contextmanager
+    def off(self):
+        """Plain layout for a while: vmap cannot lay out its batched tensors channels-last."""
+        on, self.on = self.on, False
+        try:
+            yield
+        finally:
+            self.on = on
+
+    @property
+    def name(self) -> str:
+        return "channels_last" if self.on else "contiguous"
+
+
+def memory_format(name: str, device: torch.device) -> tuple[bool, bool]:
+    """Whether (the model's own passes and evaluation, the stacked pass) lay out activations channels-last.
+    ``auto``: on a CPU the model's, which measured faster so (``scripts/bench.py``, docs/engine.md: ResNet20's
+    sequential round 0.81-0.87x, the CNN's evaluation 0.62-0.64x), not the stacked pass's, which did not (the
+    CNN's DP-SGD round 0.95-1.11x, ResNet20's in bf16 0.92-1.08x); on other devices neither, until measured."""
+    if name == "auto":
+        return device.type == "cpu", False
+    return (name == "channels_last",) * 2
+
+
 class FlatModel:
     """A module whose trainable parameters are viewed as one flat vector x in R^d.
 
     The order of x is the order of ``model.parameters()`` (so ``params.npy`` loads back with
-    ``torch.nn.utils.vector_to_parameters``).
+    ``torch.nn.utils.vector_to_parameters``). ``layout``: one of ``MEMORY_FORMATS``, how the activations of
+    the module (``layout``) and of the stacked pass built from it (``grouped_layout``) lie in memory.
     """
 
-    def __init__(self, module: nn.Module, device: torch.device, precision: str = "fp32"):
+    def __init__(self, module: nn.Module, device: torch.device, precision: str = "fp32",
+                 layout: str = "contiguous"):
         self.module = module.to(device)
         self.device, self.precision = device, precision
         self.names = [n for n, _ in module.named_parameters()]
         self.shapes = [p.shape for p in module.parameters()]
         self.sizes = [p.numel() for p in module.parameters()]
         self.dim = sum(self.sizes)
+        convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
+        own, grouped = memory_format(layout, device)
+        self.layout, self.grouped_layout = Layout(bool(convs), own), Layout(bool(convs), grouped)
+        for m in convs:
+            m.register_forward_hook(self.layout)
+
+    @property
+    def memory_format(self) -> str:
+        """The layout of the activations: one format, or the module's and the stacked pass's."""
+        own, grouped = self.layout.name, self.grouped_layout.name
+        return own if own == grouped else f"{own} (stacked pass: {grouped})"
 
     def run(self, fn, *args) -> torch.Tensor:
         """``fn(*args)``, a model's forward pass, in the run's precision: as it is, or under bf16 autocast and

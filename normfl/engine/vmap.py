@@ -23,7 +23,8 @@ def grads(flat, x: torch.Tensor, piece) -> tuple[torch.Tensor, torch.Tensor]:
         return F.cross_entropy(functional_call(flat.module, (params, bufs), (xs,)), ys)
 
     in_x = 0 if x.dim() == 2 else None
-    g, losses = vmap(grad_and_value(loss_fn), in_dims=(in_x, 0, 0, 0))(flat.as_params(x), buffers, xb, yb)
+    with flat.layout.off():
+        g, losses = vmap(grad_and_value(loss_fn), in_dims=(in_x, 0, 0, 0))(flat.as_params(x), buffers, xb, yb)
     G = torch.cat([g[name].reshape(n, -1) for name in flat.names], dim=1)
     fold_running_stats(flat.module, buffers, n)
     return G, losses.detach()

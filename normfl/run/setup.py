@@ -90,7 +90,7 @@ class Setup:
 # model and the way the pass runs. Everything else (the algorithm and its settings, privacy, rounds,
 # participation, evaluation) may differ: each run keeps its own state and batch streams.
 SHARED = ("dataset", "partition", "model", "clients", "seed", "batch_size", "oracle", "precision", "backend",
-          "device", "threads", "deterministic", "data_root", "offline_data")
+          "device", "threads", "deterministic", "memory_format", "data_root", "offline_data")
 
 
 def shared_key(cfg: DictConfig, keys=SHARED) -> str:
@@ -129,7 +129,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     except InstantiationException as err:    # e.g. a convolutional model on flat features
         raise ConfigError("model", _kind(cfg.model), f"a model for inputs of shape {tuple(ds.x_train.shape[1:])} "
                           f"({err.__cause__ or err})") from err
-    flat = FlatModel(model, device, cfg.precision)
+    flat = FlatModel(model, device, cfg.precision, cfg.get("memory_format", "auto"))
     x = flat.vector()
     data = ClientData(batches.x, batches.y, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle, batches=batches)
@@ -144,7 +144,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     clients = Clients(engine, data)
     if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
         engine.backend = choose_backend(engine, x, clients.peek(range(min(len(data), 64))),
-                                        _backend_key(cfg, flat.dim, device))
+                                        _backend_key(cfg, flat.dim, device, flat.memory_format))
     if device.type == "cuda" and cfg.get("capture", "auto") != "off" and (engine.backend != "stacked"
                                                                          or engine.why_eager):
         log.info("capture: rounds run eagerly (%s)", engine.why_eager or f"backend={engine.backend}: only the "
@@ -229,7 +229,8 @@ def engine_options(flat: FlatModel, ds) -> tuple[str, ...]:
     return ("auto", *ClientEngine(flat, in_shape=tuple(ds.x_train.shape[1:])).backends())
 
 
-def _backend_key(cfg: DictConfig, dim: int, device: torch.device) -> str:
-    """What the faster backend depends on: model, size, hardware, clients, batch, precision, torch, threads."""
+def _backend_key(cfg: DictConfig, dim: int, device: torch.device, layout: str) -> str:
+    """What the faster backend depends on: model, size, hardware, clients, batch, precision, memory format, torch,
+    threads."""
     return "|".join(map(str, (_kind(cfg.model), dim, device, device_name(device), cfg.clients, cfg.batch_size,
-                              cfg.oracle, cfg.precision, torch.__version__, torch.get_num_threads())))
+                              cfg.oracle, cfg.precision, layout, torch.__version__, torch.get_num_threads())))
