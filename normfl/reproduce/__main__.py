@@ -169,13 +169,11 @@ def launch(target, args) -> None:
             cmd = [sys.executable, str(store.ROOT / "train.py"), "-m", *overrides, f"hydra/launcher={args.launcher}",
                    f"hydra.sweep.dir={sweep_dir / str(i)}", f"hydra.sweep.subdir={args.store}/${{store_key:}}",
                    "progress=false", *([f"threads={args.threads}"] if args.threads else []), *args.overrides]
-            if (proc := stop.popen(cmd, cwd=store.ROOT)) is None:
-                break
-            print("  " + " ".join(cmd[1:]), flush=True)
-            try:
+            with stop.child(cmd, cwd=store.ROOT) as proc:
+                if proc is None:
+                    break
+                print("  " + " ".join(cmd[1:]), flush=True)
                 proc.wait()
-            finally:
-                stop.ended(proc)
     if stop.count:
         print("stopped; the same command continues the stopped runs from their checkpoints", flush=True)
         raise KeyboardInterrupt

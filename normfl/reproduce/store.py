@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -70,9 +71,15 @@ class Stop:
             self.children.add(proc)
             return proc
 
-    def ended(self, proc: subprocess.Popen) -> None:
-        with self.lock:
-            self.children.discard(proc)
+    @contextmanager
+    def child(self, cmd: list[str], **kwargs):
+        """``popen``'s child (None once a stop is asked) for the block, forgotten when the block ends."""
+        proc = self.popen(cmd, **kwargs)
+        try:
+            yield proc
+        finally:
+            with self.lock:
+                self.children.discard(proc)
 
     def __exit__(self, *exc) -> None:
         for s, handler in self.previous.items():
@@ -173,14 +180,11 @@ def run_missing(job_list: list[Job], store: Path, parallel: int = 1, threads: in
             return ["not started"] * len(unit)
         dirs = [prepare(job) for job in unit]
         t0 = time.time()
-        proc = stop.popen(unit_command(unit, [d for d, _ in dirs], threads), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-        if proc is None:
-            return ["not started"] * len(unit)
-        try:
+        with stop.child(unit_command(unit, [d for d, _ in dirs], threads), cwd=ROOT, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True) as proc:
+            if proc is None:
+                return ["not started"] * len(unit)
             output = proc.communicate()[0]
-        finally:
-            stop.ended(proc)
         states = []
         for job, (d, resume) in zip(unit, dirs, strict=True):
             d.mkdir(parents=True, exist_ok=True)          # a run refused in a stack leaves no folder
