@@ -59,8 +59,8 @@ def test_stacked_equals_sequential(overrides, tmp_path, data_root):
     BatchNorm statistics carry that to about 1e-4 of the test loss in three rounds. ResNet20 runs in the plain
     memory format: its BatchNorm statistics in channels-last differ from the plain ones by 5e-6 (relative), ten
     times what the stacked pass moves them, and the eval-mode test loss of a three-round model magnifies that
-    to 3e-3; tests/test_engine.py holds each
-    backend's channels-last gradients and statistics to the plain ones in float64."""
+    to 3e-3; tests/test_engine.py holds each backend's channels-last gradients and statistics to the plain
+    ones in float64."""
     layout = ["memory_format=contiguous"] if "model=resnet20" in overrides else []
     for backend in ("sequential", "stacked"):
         (tmp_path / backend).mkdir()
