@@ -64,17 +64,34 @@ def pick_device(name: str) -> torch.device:
 
 
 class Layout:
-    """A forward hook on a model's convolutions that stores their outputs channels-last (NHWC in memory; the
+    """Forward hooks on a model's convolutions that store their outputs channels-last (NHWC in memory; the
     same values to every op) while ``on``. torch keeps that layout through ReLU, pooling, BatchNorm and the next
     convolution, so one hook per convolution lays out every activation after the first. The values are the
-    same, the float rounding of the kernels that run on them is not."""
+    same, the float rounding of the kernels that run on them is not. The hooks are attached only while on: an
+    idle one would cost about 5 µs a convolution call, per client and step."""
 
-    def __init__(self, applies: bool, on: bool):
-        self.applies = applies                  # the model has a convolution
-        self.on = applies and on
+    def __init__(self, on: bool):
+        self.modules, self.handles, self._on = [], [], on
 
-    def __call__(self, module, args, out):
-        return out.contiguous(memory_format=torch.channels_last) if self.on and out.dim() == 4 else None
+    def cover(self, modules) -> None:
+        """Lay out these convolutions' outputs too."""
+        self.modules += modules
+        self.on = self._on
+
+    @property
+    def applies(self) -> bool:
+        return bool(self.modules)
+
+    @property
+    def on(self) -> bool:
+        return self._on
+
+    @on.setter
+    def on(self, value: bool) -> None:
+        self._on = value
+        for h in self.handles:
+            h.remove()
+        self.handles = [m.register_forward_hook(_channels_last) for m in self.modules] if value else []
 
     @contextmanager
     def off(self):
@@ -88,6 +105,10 @@ class Layout:
     @property
     def name(self) -> str:
         return "channels_last" if self.on else "contiguous"
+
+
+def _channels_last(module, args, out):
+    return out.contiguous(memory_format=torch.channels_last) if out.dim() == 4 else None
 
 
 def memory_format(name: str, device: torch.device) -> tuple[bool, bool]:
@@ -117,10 +138,9 @@ class FlatModel:
         self.sizes = [p.numel() for p in module.parameters()]
         self.dim = sum(self.sizes)
         convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
-        own, grouped = memory_format(layout, device)
-        self.layout, self.grouped_layout = Layout(bool(convs), own), Layout(bool(convs), grouped)
-        for m in convs:
-            m.register_forward_hook(self.layout)
+        own, grouped = (on and bool(convs) for on in memory_format(layout, device))
+        self.layout, self.grouped_layout = Layout(own), Layout(grouped)    # the stacked pass covers its own
+        self.layout.cover(convs)
 
     @property
     def memory_format(self) -> str:

@@ -145,9 +145,7 @@ class StackedPass:
     def __init__(self, flat):
         self.flat = flat
         self.module = grouped(flat.module)
-        for m in self.module.modules():         # the grouped convolutions' outputs, laid out (flat.grouped_layout)
-            if isinstance(m, _Conv2d):
-                m.register_forward_hook(flat.grouped_layout)
+        flat.grouped_layout.cover([m for m in self.module.modules() if isinstance(m, _Conv2d)])
         self.has_batchnorm = any(isinstance(m, nn.BatchNorm2d) for m in flat.module.modules())
         layers = norm_layers(flat.module)       # per-sample norms from layer inputs: the same layers, grouped
         names = {id(m): n for n, m in flat.module.named_modules()}

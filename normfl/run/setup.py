@@ -144,7 +144,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     clients = Clients(engine, data)
     if cfg.backend == "auto":                # timed on up to 64 clients' batches: enough to tell, cheap at 10^5
         engine.backend = choose_backend(engine, x, clients.peek(range(min(len(data), 64))),
-                                        _backend_key(cfg, flat.dim, device, flat.memory_format))
+                                        _backend_key(cfg, flat))
     if device.type == "cuda" and cfg.get("capture", "auto") != "off" and (engine.backend != "stacked"
                                                                          or engine.why_eager):
         log.info("capture: rounds run eagerly (%s)", engine.why_eager or f"backend={engine.backend}: only the "
@@ -229,8 +229,9 @@ def engine_options(flat: FlatModel, ds) -> tuple[str, ...]:
     return ("auto", *ClientEngine(flat, in_shape=tuple(ds.x_train.shape[1:])).backends())
 
 
-def _backend_key(cfg: DictConfig, dim: int, device: torch.device, layout: str) -> str:
+def _backend_key(cfg: DictConfig, flat: FlatModel) -> str:
     """What the faster backend depends on: model, size, hardware, clients, batch, precision, memory format, torch,
     threads."""
-    return "|".join(map(str, (_kind(cfg.model), dim, device, device_name(device), cfg.clients, cfg.batch_size,
-                              cfg.oracle, cfg.precision, layout, torch.__version__, torch.get_num_threads())))
+    return "|".join(map(str, (_kind(cfg.model), flat.dim, flat.device, device_name(flat.device), cfg.clients,
+                              cfg.batch_size, cfg.oracle, cfg.precision, flat.memory_format, torch.__version__,
+                              torch.get_num_threads())))
