@@ -125,9 +125,9 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "oracle", ORACLES, optional=False)
     _choice(cfg, "backend", BACKENDS, optional=False)
     _choice(cfg, "precision", PRECISIONS, optional=False)
-    _choice(cfg, "memory_format", MEMORY_FORMATS)
-    _choice(cfg, "deterministic", (True, False))
-    _choice(cfg, "capture", CAPTURES)
+    _choice(cfg, "memory_format", MEMORY_FORMATS, optional=False)
+    _choice(cfg, "deterministic", (True, False), optional=False)
+    _choice(cfg, "capture", CAPTURES, optional=False)
     _validate_audit(cfg)
     if _get(cfg, "capture") == "on":
         why_not = capturable(pick_device(cfg.device.name), bool(cfg.get("deterministic", False)))
@@ -136,7 +136,7 @@ def validate(cfg: DictConfig) -> None:
         if cfg.backend not in ("stacked", "auto"):
             raise ConfigError("capture", "on", f"auto or off with backend={cfg.backend} (only the stacked pass is "
                               "captured: backend=stacked)")
-    _choice(cfg, "reading", READINGS)
+    _choice(cfg, "reading", READINGS, optional=False)
     if _get(cfg, "reading") == "pass":
         if cfg.oracle != "minibatch":
             raise ConfigError("reading", "pass", "text with oracle=full (a full-gradient round is a pass already)")

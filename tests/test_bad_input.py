@@ -109,6 +109,8 @@ CONFIG = [
      ("algo.local_operator", "equal shard")),
     ("bf16 on vmap", ["precision=bf16", "backend=vmap"], ("precision", "backend=sequential")),
     ("memory format", ["memory_format=nhwc"], "memory_format='nhwc'; allowed: auto | channels_last | contiguous"),
+    ("memory format null", ["memory_format=null"], "memory_format=None; allowed: auto | channels_last | contiguous"),
+    ("capture null", ["capture=null"], ("capture", "auto | on | off")),
     ("analytic CNN", ["model=cnn", "backend=analytic"], ("backend='analytic'", "model=cnn", "mlp, logreg")),
     ("data nowhere", ["data_root=/nonexistent/root", "offline_data=/nonexistent/none", "dataset.download=false"],
      ("Fashion-MNIST not found", "To provide Fashion-MNIST")),
