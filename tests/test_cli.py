@@ -224,17 +224,20 @@ def test_a_run_that_is_not_private_starts_without_the_privacy_and_statistics_lib
     assert out.stdout.splitlines()[-1] == "loaded: []"
 
 
-@pytest.mark.parametrize(("betas", "workers", "statuses"), [
-    ("0.01,0.1", 2, ["stopped"] * 2 + ["not started"] * 2),     # jobs waiting: none starts after Ctrl-C
-    ("0.01", 3, ["stopped"] * 2),                               # a worker idle: it must not die of Ctrl-C
+@pytest.mark.parametrize(("betas", "workers", "statuses", "group"), [
+    ("0.01,0.1", 2, ["stopped"] * 2 + ["not started"] * 2, True),   # jobs waiting: none starts after Ctrl-C
+    ("0.01", 3, ["stopped"] * 2, True),                               # a worker idle: it must not die of Ctrl-C
+    ("0.01,0.1", 2, ["stopped"] * 2 + ["not started"] * 2, False),  # SIGTERM to the sweep's process alone
 ])
 def test_ctrl_c_stops_a_joblib_sweep_its_running_jobs_checkpointed_and_the_printed_command_finishes_it(
-        betas, workers, statuses, tmp_path, data_root):
+        betas, workers, statuses, group, tmp_path, data_root):
     """Ctrl-C in a terminal reaches a joblib sweep's process and its workers. joblib met it by killing the
     workers mid-checkpoint (an empty ``.checkpoint.pt.tmp`` and the lock left, a traceback, no command); an
     idle worker died of it, which breaks joblib's pool. Now the running jobs save a checkpoint and end
     ``stopped``, the others never start, the sweep exits 130 with the command that continues it, and that
-    command finishes every job, the stopped ones from their checkpoints."""
+    command finishes every job, the stopped ones from their checkpoints. SIGTERM to the sweep's process alone
+    (``docker stop``) let the running jobs train to their end; now they stop the same way, from the sweep's
+    stop file, and the sweep exits 143."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "train.py", "-m", f"data_root={data_root}", *SMALL, "algo=normec", "clients=2",
            "rounds=6000", "eval_every=500", "checkpoint_every=0", f"algo.beta={betas}", "algo.gamma=0.01,0.1",
@@ -248,9 +251,12 @@ def test_ctrl_c_stops_a_joblib_sweep_its_running_jobs_checkpointed_and_the_print
 
     while proc.poll() is None and min(rows(0), rows(1)) < 2:                   # both running jobs under way
         time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGINT)                                          # the terminal's Ctrl-C
+    if group:
+        os.killpg(proc.pid, signal.SIGINT)                                      # the terminal's Ctrl-C
+    else:
+        os.kill(proc.pid, signal.SIGTERM)                                       # the sweep's process only
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert proc.returncode == (130 if group else 143) and "Traceback" not in err, err[-3000:]
     assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "jobs.csv", "multirun.yaml"]
     for job in ("0", "1"):
         assert {".hydra", "checkpoint.pt", "metrics.csv", "partition.csv", "train.log"} == {
@@ -258,7 +264,7 @@ def test_ctrl_c_stops_a_joblib_sweep_its_running_jobs_checkpointed_and_the_print
     assert list(pd.read_csv(sweep / "jobs.csv")["status"]) == statuses
     printed = err.strip().splitlines()[-1].strip()
     assert printed.endswith(f"hydra.sweep.dir={sweep}") and " -m " in printed
-    if workers > 2:                                             # continuing is the same either way
+    if workers > 2 or not group:                                # continuing is the same either way
         return
     again = subprocess.run(shlex.split(printed), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "normfl sweep: 4 completed" in again.stderr, again.stderr[-3000:]

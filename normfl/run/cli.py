@@ -8,6 +8,7 @@ save theirs, none starts after, and the sweep prints the command that continues 
 from __future__ import annotations
 
 import _thread
+import functools
 import json
 import logging
 import os
@@ -47,7 +48,8 @@ def main(cfg: DictConfig) -> dict | None:
         return not_started(hc.sweep.dir, hc.job.num, overrides, out_dir)
     try:
         summary = run(cfg, out_dir, log_name=f"{hc.job.name}.log", overrides=overrides,
-                      hydra_cfg=HydraConfig.instance().cfg)
+                      hydra_cfg=HydraConfig.instance().cfg,
+                      stop_asked=functools.partial(stop_asked, hc.sweep.dir) if multirun and in_worker() else None)
     except INPUT_ERRORS as err:  # refused before training: nothing of this invocation is left
         if not multirun:
             sys.exit(f"normfl: {err}")
@@ -193,10 +195,11 @@ def write_jobs(sweep_dir: Path, jobs: list[dict]) -> None:
 class SweepStop:
     """A joblib sweep's own process while its jobs run in worker processes. Without it, joblib meets the first
     Ctrl-C by killing its workers, mid-checkpoint. With it, the first Ctrl-C or SIGTERM asks the sweep to stop:
-    no job starts after it, and each running job that got the signal itself (Ctrl-C in a terminal reaches the
-    whole process group) saves a checkpoint and returns ``stopped``; a second signal stops everything at once.
-    A signal to this process alone is not passed on (it would reach a job twice when the group got it too):
-    the running jobs then finish.
+    no job starts after it, and each running job saves a checkpoint after its step and returns ``stopped``; a
+    second signal stops everything at once. A job hears of it by the signal itself (Ctrl-C in a terminal reaches
+    the whole process group) or, when only this process got it (``kill <pid>``, a container's stop), from the
+    stop this process writes in the sweep's directory, which a running job reads after a step (at most once a
+    second: ``training.Interrupts``). The signal is not passed on: a job in the group would get it twice.
 
     A worker must not die of the signal while it waits for a job or starts (joblib would then stop the sweep
     at once): the signals are blocked in this process, so the workers it starts inherit them blocked, and a
@@ -232,8 +235,8 @@ class SweepStop:
         self.asked = True
         ask_stop(self.sweep_dir, signum)
         name = signal_name(signum)
-        print(f"\nnormfl sweep: stopping: no job starts after this, and each running job the {name} reached saves a "
-              f"checkpoint and stops ({name} again stops at once)", file=sys.stderr)
+        print(f"\nnormfl sweep: stopping: no job starts after this, and each running job saves a checkpoint and "
+              f"stops ({name} again stops at once)", file=sys.stderr)
 
     def restore(self) -> None:
         previous, self.previous = self.previous, {}

@@ -285,13 +285,14 @@ def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: b
         raise
 
 
-def run(cfg: DictConfig, out_dir: Path, **kw) -> dict:
-    """Run one experiment into ``out_dir``; returns the summary (see ``start``)."""
+def run(cfg: DictConfig, out_dir: Path, stop_asked=None, **kw) -> dict:
+    """Run one experiment into ``out_dir``; returns the summary (see ``start``). ``stop_asked``: a stop asked
+    outside this process (``Interrupts``)."""
     t = start(cfg, out_dir, **kw)
     if isinstance(t, dict):
         return t
     try:
-        with Interrupts() as ctrl_c:
+        with Interrupts(stop_asked) as ctrl_c:
             while t.active:
                 try:
                     t.record(*t.round(t.step, t.x, t.clients))
@@ -330,7 +331,14 @@ class Interrupts:
       own SIGTERM handler (it ignores SIGTERM) is left alone.
 
     Only the main thread receives signals, so elsewhere they act as they always do. A joblib sweep's worker
-    holds them blocked between runs (``run.cli.SweepStop``); they are unblocked here while it trains."""
+    holds them blocked between runs (``run.cli.SweepStop``); they are unblocked here while it trains. A signal
+    that reached only the sweep's own process (``kill <pid>``, a container's stop) comes as ``stop_asked``: a
+    callable giving the signal that asked the sweep to stop, or None, read after a step at most once a second."""
+
+    POLL_S = 1.0
+
+    def __init__(self, stop_asked=None):
+        self.stop_asked, self.polled = stop_asked, -math.inf
 
     def __enter__(self):
         self.asked, self.previous, self.handover, self.mask = None, {}, set(), None
@@ -368,6 +376,10 @@ class Interrupts:
         """After a step: if a signal came while runs are still going, each saves a checkpoint, and all stop (runs
         that have just ended finish as usual)."""
         going = [t for t in trainings if t.active]
+        if self.asked is None and self.stop_asked is not None and time.monotonic() - self.polled >= self.POLL_S:
+            self.polled = time.monotonic()
+            if (signum := self.stop_asked()) is not None:
+                self._handle(signum, None)
         if self.asked and going:
             (signum, frame), self.asked = self.asked, None
             for t in going:
