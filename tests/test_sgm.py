@@ -76,6 +76,8 @@ def test_epsilon_monotone_and_exact_rc_is_tight():
         rc = iterations_supported(e, Q, SIGMA, DELTA, "exact")
         assert paper_epsilon(rc, Q, SIGMA, DELTA) <= e < paper_epsilon(rc + 1, Q, SIGMA, DELTA)
     assert iterations_supported(0.1, Q, SIGMA, DELTA, "exact") == 0    # below eps(1) = log(1/delta)/63 + ...
+    for e in (0.1, 0.012, 0.005, 1e-6):   # the authors' bisection hung below about 0.0125 (eps stays above e)
+        assert iterations_supported(e, Q, SIGMA, DELTA, "bisect_tol") == 0
 
 
 def test_client_accountant_spent_and_budget():

@@ -115,6 +115,8 @@ def _bisect_tol(epsilon: float, q: float, sigma: float, delta: float) -> int:
     if eps_high <= epsilon:
         return int(steps_high)          # the budget outlasts the search interval: capped there
     while eps_high - epsilon > BISECT_TOL:
+        if steps_high < 1.0:            # floor(steps_high) is 0 from here on; below about 0.02 eps(steps) stays
+            return 0                    # above epsilon + BISECT_TOL as steps -> 0, and the search would not end
         steps = (steps_low + steps_high) / 2.0
         eps_mid = eps(steps)
         if eps_mid > epsilon:
