@@ -31,16 +31,20 @@ from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
 EPSILON_MAX = 100.0                         # the largest privacy.epsilon a run takes
+FLAGS = ("resume", "eval_train", "deterministic", "progress", "save_params", "dataset.augment", "dataset.download",
+         "partition.capped", "algo.private", "algo.server_norm", "algo.adaptive", "algo.literal_psi",
+         "algo.scale_to_unit", "privacy.amplification", "privacy.K_plus_one", "privacy.sqrt_covers_log")
+"""The true/false keys: where one is set it must be a bool (any string counted as true, null as false)."""
 READINGS = ("text", "pass")                 # what one round is (reading A2, docs/readings.md)
 GRID_PROFILES = ("paper", "text", "code", "quick")  # the settings a figure's grid runs with (make <id> profile=...)
 PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's grid, or by hand
 
 
-def _get(cfg: DictConfig, key: str):
+def _get(cfg: DictConfig, key: str, missing=None):
     node = cfg
     for part in key.split("."):
         if not isinstance(node, DictConfig) or part not in node:
-            return None
+            return missing
         node = node[part]
     return node
 
@@ -105,6 +109,9 @@ def resolve_clients(cfg: DictConfig) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value."""
+    for key in FLAGS:
+        if not isinstance(v := _get(cfg, key, missing=False), bool):
+            raise ConfigError(key, v, "True | False")
     _number(cfg, "rounds", lambda v: v >= 1, "an integer >= 1", integer=True)
     if _get(cfg, "clients") is None and not _natural(cfg):
         raise ConfigError("clients", None, "an integer >= 1 (null only with partition=natural: the number of "
@@ -118,15 +125,12 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "eval_subset", lambda v: 0 < v <= 1, "null (the whole test set) or a number in (0, 1]",
             optional=True)
     _number(cfg, "threads", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
-    _choice(cfg, "eval_train", (True, False), optional=False)
     _number(cfg, "checkpoint_every", lambda v: v >= 0, "an integer >= 0 (0: no checkpoints)", integer=True)
-    _choice(cfg, "resume", (True, False), optional=False)
     _choice(cfg, "profile", PROFILES, optional=False)
     _choice(cfg, "oracle", ORACLES, optional=False)
     _choice(cfg, "backend", BACKENDS, optional=False)
     _choice(cfg, "precision", PRECISIONS, optional=False)
     _choice(cfg, "memory_format", MEMORY_FORMATS, optional=False)
-    _choice(cfg, "deterministic", (True, False), optional=False)
     _choice(cfg, "capture", CAPTURES, optional=False)
     _validate_audit(cfg)
     if _get(cfg, "capture") == "on":
@@ -180,7 +184,6 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "privacy.K", K_COUNTS)
     _choice(cfg, "privacy.calibration", CALIBRATIONS, optional=False)
     _choice(cfg, "privacy.neighbouring", RELATIONS, optional=False)
-    _choice(cfg, "privacy.amplification", (True, False), optional=False)
     _choice(cfg, "accountant.name", ("paper",) + ACCOUNTANTS, optional=False)
     _validate_calibration(cfg)
     formula = cfg.privacy.calibration == "paper"
@@ -212,7 +215,6 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "dataset.split", SPLITS, optional=False)
     _number(cfg, "dataset.holdout_fraction", lambda v: 0 < v < 1, "a number in (0, 1)")
     _choice(cfg, "dataset.scale", SCALES)
-    _choice(cfg, "partition.capped", (True, False))
     for key in ("dataset.train_limit", "dataset.test_limit"):
         _number(cfg, key, lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
     _choice(cfg, "model.norm", ("batch", "group"))
@@ -288,7 +290,6 @@ def _validate_nfa(cfg: DictConfig) -> None:
     quantized = a.mechanism != "none"
     _number(cfg, "algo.clip", lambda v: v > 0 and (v <= 1 or not quantized),
             "a number in (0, 1] (the quantizer needs |coordinates| <= 1)" if quantized else "a number > 0")
-    _choice(cfg, "algo.scale_to_unit", (True, False))
     if a.get("scale_to_unit") and a.upload != "clip":
         raise ConfigError("algo.scale_to_unit", True, f"false with algo.upload={a.upload} (it scales a clipped update)")
     if quantized and a.upload == "update":
@@ -311,7 +312,6 @@ def _validate_dpfl(cfg: DictConfig) -> None:
             optional=True)
     _number(cfg, "algo.lambda_const", lambda v: 0 < v < 1, "null or a number in (0, 1)", optional=True)
     _number(cfg, "algo.omega_const", lambda v: v > 0, "null or a number > 0", optional=True)
-    _choice(cfg, "algo.adaptive", (True, False), optional=False)
     _choice(cfg, "algo.rc_method", RC_METHODS, optional=False)
     _choice(cfg, "algo.tau_rule", TAU_RULES, optional=False)
     _choice(cfg, "algo.T_mode", T_MODES, optional=False)
