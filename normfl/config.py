@@ -5,14 +5,17 @@ Each rule names the key, the value it got and what is allowed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
 import os
 from pathlib import Path
 
 import numpy as np
+from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES
@@ -38,6 +41,61 @@ FLAGS = ("resume", "eval_train", "deterministic", "progress", "save_params", "da
 READINGS = ("text", "pass")                 # what one round is (reading A2, docs/readings.md)
 GRID_PROFILES = ("paper", "text", "code", "quick")  # the settings a figure's grid runs with (make <id> profile=...)
 PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's grid, or by hand
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# What the code passes a group's target itself, beside the group's keys; privacy's node has no _target_.
+GIVEN = {"algo": (), "partition": ("labels", "client_ids", "num_clients", "seed"),
+         "model": ("in_shape", "num_classes"), "privacy": ("accountant", "releases_per_round")}
+PRIVACY_TARGET = "normfl.privacy.Privacy"
+
+
+def accepted_keys(target: str, given=()) -> list[str]:
+    """The keys a config node of ``target`` (a class or a function) may set, sorted: the arguments it takes,
+    with those of the constructors a class passes ``*args, **kw`` on to, less ``given`` (what the code passes)."""
+    obj = get_object(target)
+    keys = set()
+    for fn in [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)] if isinstance(obj, type) else [obj]:
+        params = inspect.signature(fn).parameters.values()
+        keys |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            break
+    return sorted(keys - {"self", *given})
+
+
+@functools.cache
+def top_level_keys() -> frozenset[str]:
+    """conf/config.yaml's keys and its groups' names (empty where conf/ is not beside the package)."""
+    if not (CONF / "config.yaml").is_file():
+        return frozenset()
+    root = OmegaConf.load(CONF / "config.yaml")
+    groups = {next(iter(d)) for d in root.defaults if isinstance(d, DictConfig)}
+    return frozenset((set(root) - {"defaults"}) | groups)
+
+
+def _validate_keys(cfg: DictConfig) -> None:
+    """A key no part of normfl reads (a misspelling, a key of another group's option) is refused with the keys
+    that are read there: at the top level, and in algo, partition, model and privacy, whose keys are the
+    arguments of what they build."""
+    known = top_level_keys()
+    for key in cfg:
+        if known and key not in known:
+            raise ConfigError(key, cfg[key], f"a key of conf/config.yaml or a config group: {', '.join(sorted(known))}")
+    for group, given in GIVEN.items():
+        node = _get(cfg, group)
+        if not isinstance(node, DictConfig):
+            continue
+        target = node.get("_target_", PRIVACY_TARGET)
+        try:
+            accepted = accepted_keys(target, given)
+        except Exception:                   # no such target: building it says so
+            continue
+        unknown = [k for k in node if not str(k).startswith("_") and k not in accepted and k != "defaults"]
+        if unknown:
+            name = node.get("name") or target.rsplit(".", 1)[1] if group != "privacy" else None
+            where = f"{group}={name}" if name else group
+            raise ConfigError(f"{group}.{unknown[0]}", node[unknown[0]],
+                              f"the keys of {where}: {', '.join(accepted) or 'none'}")
 
 
 def _get(cfg: DictConfig, key: str, missing=None):
@@ -109,6 +167,7 @@ def resolve_clients(cfg: DictConfig) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value."""
+    _validate_keys(cfg)
     for key in FLAGS:
         if not isinstance(v := _get(cfg, key, missing=False), bool):
             raise ConfigError(key, v, "True | False")
@@ -215,6 +274,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "dataset.split", SPLITS, optional=False)
     _number(cfg, "dataset.holdout_fraction", lambda v: 0 < v < 1, "a number in (0, 1)")
     _choice(cfg, "dataset.scale", SCALES)
+    _validate_normalization(cfg)
     for key in ("dataset.train_limit", "dataset.test_limit"):
         _number(cfg, key, lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
     _choice(cfg, "model.norm", ("batch", "group"))
@@ -239,6 +299,23 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("offline_data (from $NORMFL_OFFLINE_DATA)", env, "an existing directory")
     if (_get(cfg, "partition._target_") or "").endswith("natural") and _get(cfg, "dataset.path") is None:
         raise ConfigError("partition", "natural", "only with dataset=npz carrying a `client` array")
+
+
+def _validate_normalization(cfg: DictConfig) -> None:
+    """dataset.mean and dataset.std: lists of finite numbers of one length (empty: no normalisation), std > 0.
+    Their length against the data's channels is checked once the data is read (``run.setup``)."""
+    lists = {}
+    for key, ok, rule in (("dataset.mean", math.isfinite, "finite numbers"),
+                          ("dataset.std", lambda v: math.isfinite(v) and v > 0, "numbers > 0")):
+        v = _get(cfg, key, missing=[])
+        items = list(v) if isinstance(v, ListConfig | list | tuple) else None
+        if items is None or not all(isinstance(e, int | float) and not isinstance(e, bool) and ok(e) for e in items):
+            raise ConfigError(key, OmegaConf.to_container(v) if isinstance(v, ListConfig) else v,
+                              f"a list of {rule}, one per channel of the data ([]: no normalisation)")
+        lists[key] = items
+    if len(lists["dataset.mean"]) != len(lists["dataset.std"]):
+        raise ConfigError("dataset.mean", lists["dataset.mean"], f"as many numbers as dataset.std "
+                          f"({len(lists['dataset.std'])}), one per channel of the data")
 
 
 def _validate_calibration(cfg: DictConfig) -> None:

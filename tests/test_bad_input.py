@@ -112,6 +112,17 @@ CONFIG = [
     ("memory format null", ["memory_format=null"], "memory_format=None; allowed: auto | channels_last | contiguous"),
     ("capture null", ["capture=null"], ("capture", "auto | on | off")),
     ("analytic CNN", ["model=cnn", "backend=analytic"], ("backend='analytic'", "model=cnn", "mlp, logreg")),
+    ("a partition's key on another partition", ["+partition.alpha=0.1"],
+     "partition.alpha=0.1; allowed: the keys of partition=iid: none"),
+    ("privacy key misspelt", ["+privacy.epsilonn=2"], ("privacy.epsilonn=2", "the keys of privacy: ", "epsilon,")),
+    ("model key", ["+model.depth=20"], "model.depth=20; allowed: the keys of model=logreg: init"),
+    ("top-level key misspelt", ["+eval_evry=5"], ("eval_evry=5", "a key of conf/config.yaml", "eval_every,")),
+    ("a string for a flag", ["algo.server_norm=maybe"], "algo.server_norm='maybe'; allowed: True | False"),
+    ("mean of another length", ["dataset.mean=[0.5,0.5]"], "dataset.mean=[0.5, 0.5]; allowed: as many numbers as "
+     "dataset.std (1)"),
+    ("std of zero", ["dataset.std=[0]"], "dataset.std=[0]; allowed: a list of numbers > 0"),
+    ("mean for colour images", ["dataset.mean=[0.5,0.5,0.5]", "dataset.std=[0.5,0.5,0.5]"],
+     "dataset.mean=[0.5, 0.5, 0.5]; allowed: 1 number (the data has 1 channel)"),
     ("data nowhere", ["data_root=/nonexistent/root", "offline_data=/nonexistent/none", "dataset.download=false"],
      ("Fashion-MNIST not found", "To provide Fashion-MNIST")),
 ]
@@ -157,6 +168,17 @@ def test_bad_npz_contents(name, content, expect, tmp_path, data_root):
         npz(path, **content)
     line = refused(tmp_path, data_root, ["dataset=npz", f"dataset.path={path}"], expect)
     assert str(path) in line
+
+
+@pytest.mark.parametrize("model, x, expect", [
+    ("cnn", None, "model='cnn'; allowed: a model for inputs of shape (1, 8, 8) (it raised: Calculated padded"),
+    ("resnet20", np.zeros((200, 20), np.float32), "model='resnet20'; allowed: a model for inputs of shape (20,)"),
+])
+def test_a_model_that_cannot_take_the_data(model, x, expect, tmp_path, data_root):
+    """A 5x5 convolution on 8x8 images, or flat features into a convolution, raised torch's RuntimeError as a
+    traceback and left a failed run behind, which then held the directory against the corrected command."""
+    path = npz(tmp_path / "data.npz", **({} if x is None else {"x": x, "x_test": x[:50]}))
+    refused(tmp_path, data_root, ["dataset=npz", f"dataset.path={path}", f"model={model}"], expect)
 
 
 def test_bad_environment(tmp_path, data_root, monkeypatch):

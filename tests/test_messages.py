@@ -23,8 +23,7 @@ from omegaconf import OmegaConf
 from test_bad_input import npz, refused  # tests/ is on the path (pytest's rootdir import mode)
 
 from normfl.algorithms import DPFL, Algorithm, Clip21, DPSGDNorm, FedAvg, FedNormEC, NormEC, NormFedAvg
-from normfl.config import ConfigError, config_key, resolve_clients, validate
-from normfl.run.setup import algo_keys
+from normfl.config import ConfigError, accepted_keys, config_key, resolve_clients, validate
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["dataset=fashion_mnist", "dataset.train_limit=500", "dataset.test_limit=100", "model=logreg", "rounds=2",
@@ -128,8 +127,8 @@ def test_the_keys_listed_are_those_of_the_algorithm_configs():
     for name in ("normec", "clip21", "dpsgd_norm", "dp_fed_normec", "dp_fedavg", "normfedavg", "dpfl"):
         node = OmegaConf.load(REPO / "conf" / "algo" / f"{name}.yaml")
         keys = set(node) - {"_target_", "defaults"}
-        assert keys <= set(algo_keys(node._target_)), name
-    assert algo_keys("normfl.algorithms.FedNormEC")[:3] == ["alpha", "beta", "cohort_size"]   # through **kw
+        assert keys <= set(accepted_keys(node._target_)), name
+    assert accepted_keys("normfl.algorithms.FedNormEC")[:3] == ["alpha", "beta", "cohort_size"]   # through **kw
 
 
 # -- 3 and 4: the data line, and what the privacy block's std is on ------------------------------------------

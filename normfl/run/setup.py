@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from normfl.algorithms.ef21 import EF21
@@ -130,6 +129,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
         raise ConfigError("model", _kind(cfg.model), f"a model for inputs of shape {tuple(ds.x_train.shape[1:])} "
                           f"({err.__cause__ or err})") from err
     flat = FlatModel(model, device, cfg.precision, cfg.get("memory_format", "auto"))
+    _takes_the_data(flat, x_test[:2], cfg)
     x = flat.vector()
     data = ClientData(batches.x, batches.y, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle, batches=batches)
@@ -157,6 +157,20 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     return Setup(device, ds, parts, flat, x, algo, prep, x_test, y_test, clients, steps)
 
 
+def _takes_the_data(flat: FlatModel, xb: torch.Tensor, cfg: DictConfig) -> None:
+    """Two test samples through the model in eval mode (no statistics change): a model that cannot take the
+    data's shape (a convolution larger than the images, flat features into a convolution) is bad input."""
+    was_training = flat.module.training
+    try:
+        with torch.no_grad():
+            flat.module.eval()(xb)
+    except RuntimeError as err:
+        raise ConfigError("model", _kind(cfg.model), f"a model for inputs of shape {tuple(xb.shape[1:])} (it "
+                          f"raised: {str(err).splitlines()[0]})") from err
+    finally:
+        flat.module.train(was_training)
+
+
 def one_pass_box(algo, clients: Clients) -> bool:
     """Whether a run's round is the EF21 box (α-NormEC, Clip21) around one stacked pass of one minibatch a
     client: what a round captured whole (``round_of``) and runs vectorized (``run.vectorized``) need."""
@@ -172,32 +186,9 @@ def round_of(algo, clients: Clients):
     return CapturedRound(algo, engine.static, engine.static.capture, engine.why_eager)
 
 
-def algo_keys(target: str) -> list[str]:
-    """The keys an algorithm's config may set (``algo.<key>``), sorted: the arguments its constructor takes,
-    with those of the constructors it passes ``*args, **kw`` on to."""
-    keys = set()
-    for cls in get_class(target).__mro__:
-        if "__init__" not in vars(cls):
-            continue
-        params = inspect.signature(cls.__init__).parameters.values()
-        keys |= {p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-            break
-    return sorted(keys)
-
-
 def build_algo(node: DictConfig):
-    """The algorithm of ``cfg.algo``. A key its constructor does not take is refused with the keys it takes;
-    a value it raises on, naming the algorithm and what it raised."""
-    settings = OmegaConf.to_container(node, resolve=True)
-    try:
-        accepted = algo_keys(settings["_target_"])
-    except Exception:                        # no such class: instantiate below says so
-        accepted = None
-    unknown = [k for k in settings if accepted is not None and k != "_target_" and k not in accepted]
-    if unknown:
-        raise ConfigError(f"algo.{unknown[0]}", settings[unknown[0]],
-                          f"the keys of algo={node.name}: {', '.join(accepted)}")
+    """The algorithm of ``cfg.algo`` (its keys checked by ``config.validate``); a value its constructor raises
+    on is refused naming the algorithm and what it raised."""
     try:
         return instantiate(node)
     except InstantiationException as err:
@@ -213,7 +204,12 @@ def _prepared_data(cfg: DictConfig, device: torch.device):
     its crop."""
     ds, parts = build_data(cfg)
     prep = Preprocess(ds.mean, ds.std, device, cfg.dataset.get("scale", "unit"))
-    x_train, x_test = ds.x_train, prep(ds.x_test)
+    try:
+        x_train, x_test = ds.x_train, prep(ds.x_test)
+    except ValueError as err:                # dataset.mean / std of another number of channels than the data's
+        c = ds.x_test.shape[1]
+        raise ConfigError("dataset.mean", list(ds.mean), f"{'1 or ' * (c > 1)}{c} number{'s' * (c > 1)} (the "
+                          f"data has {c} channel{'s' * (c > 1)}), as many in dataset.std") from err
     if not cfg.dataset.augment:
         x_train, prep = prep(x_train), Preprocess((), (), device)
     return ds, parts, prep, Batches(x_train, ds.y_train, prep), x_test, ds.y_test.to(device)
