@@ -268,6 +268,12 @@ def validate(cfg: DictConfig) -> None:
         if cfg.privacy.amplification and cfg.algo.get("private"):
             raise ConfigError("privacy.amplification", True, "false with cohort participation (amplification is "
                               "accounted for Poisson sampling only)")
+        if _get(cfg, "algo.p") not in (None, 1, 1.0):     # a cohort's chance is cohort_size / clients
+            raise ConfigError("algo.p", cfg.algo.p, "1.0 with algo.participation=cohort (algo.cohort_size sets who "
+                              "takes part; p is Bernoulli participation's)")
+    elif _get(cfg, "algo.participation") == "bernoulli" and _get(cfg, "algo.cohort_size") is not None:
+        raise ConfigError("algo.cohort_size", cfg.algo.cohort_size, "null with algo.participation=bernoulli (each "
+                          "client takes part with chance p; algo.participation=cohort draws cohort_size clients)")
     if _get(cfg, "algo.bounding") == "none" and cfg.algo.get("private"):
         raise ConfigError("algo.bounding", "none", "norm or clip when algo.private=true (the noise needs a bound)")
 
@@ -283,8 +289,7 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "partition.alpha", lambda v: v > 0, "a number > 0", optional=True)
     for key in ("partition.min_size", "partition.num_shards", "partition.shard_size"):
         _number(cfg, key, lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
-    _number(cfg, "dataset.split_seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", integer=True,
-            optional=True)
+    _number(cfg, "dataset.split_seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", integer=True)
     hidden = _get(cfg, "model.hidden")
     widths = list(hidden) if isinstance(hidden, ListConfig) else [hidden]
     if hidden is not None and not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):

@@ -15,6 +15,8 @@ import os
 import threading
 from pathlib import Path
 
+from normfl.errors import ConfigError
+
 COLUMNS = ("round", "steps", "train_loss", "full_train_loss", "test_loss", "test_acc", "eps_rdp", "eps_pld",
            "eps_composed", "eps_paper", "noise_std", "bits_per_coord", "tau", "steps_total", "transmissions",
            "transmissions_total", "bytes_uploaded", "bytes_total", "wall_time")
@@ -53,9 +55,13 @@ class Recorder:
         if logger_cfg is not None and logger_cfg.name == "wandb":
             import wandb
 
-            self.wandb = wandb.init(mode=logger_cfg.mode, project=logger_cfg.project,
-                                    entity=logger_cfg.entity, dir=str(self.out_dir), config=config,
-                                    reinit="finish_previous")
+            try:
+                self.wandb = wandb.init(mode=logger_cfg.mode, project=logger_cfg.project,
+                                        entity=logger_cfg.entity, dir=str(self.out_dir), config=config,
+                                        reinit="finish_previous")
+            except wandb.errors.UsageError as err:      # online without a login: refused before the first round
+                raise ConfigError("logger.mode", logger_cfg.mode, f"offline or disabled, or online once logged in "
+                                  f"(wandb login, or $WANDB_API_KEY): wandb said {str(err).splitlines()[0]!r}") from err
 
     def add(self, row: dict) -> None:
         """One round's metrics. Scalars only, so no client's data or update can be logged by accident."""

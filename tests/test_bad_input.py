@@ -121,6 +121,12 @@ CONFIG = [
     ("mean of another length", ["dataset.mean=[0.5,0.5]"], "dataset.mean=[0.5, 0.5]; allowed: as many numbers as "
      "dataset.std (1)"),
     ("std of zero", ["dataset.std=[0]"], "dataset.std=[0]; allowed: a list of numbers > 0"),
+    ("cohort size without a cohort", ["algo=fedavg", "algo.cohort_size=2"],
+     "algo.cohort_size=2; allowed: null with algo.participation=bernoulli"),
+    ("p with a cohort", ["algo=fed_normec", "algo.participation=cohort", "algo.cohort_size=2", "p=0.5"],
+     "algo.p=0.5; allowed: 1.0 with algo.participation=cohort"),
+    ("split seed null", ["dataset.split=holdout", "dataset.split_seed=null"],
+     "dataset.split_seed=None; allowed: an integer in [0, 2^32)"),
     ("mean for colour images", ["dataset.mean=[0.5,0.5,0.5]", "dataset.std=[0.5,0.5,0.5]"],
      "dataset.mean=[0.5, 0.5, 0.5]; allowed: 1 number (the data has 1 channel)"),
     ("data nowhere", ["data_root=/nonexistent/root", "offline_data=/nonexistent/none", "dataset.download=false"],
@@ -193,6 +199,21 @@ def test_a_logger_whose_package_is_missing(tmp_path, data_root, monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
     refused(tmp_path, data_root, ["logger=wandb"], ("logger='wandb'", "the wandb package is not installed"))
+
+
+def test_wandb_online_without_a_login(tmp_path, data_root, monkeypatch):
+    """``logger.mode=online`` with no wandb login raised wandb's UsageError after the run was accepted and left a
+    failed run in the directory; now it is refused and nothing is left."""
+    pytest.importorskip("wandb")
+    home = tmp_path / "home"                    # no ~/.netrc, no wandb settings
+    home.mkdir()
+    for var in ("WANDB_API_KEY", "WANDB_CONFIG_DIR", "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("WANDB_DIR", str(home))
+    code, err = train(data_root, tmp_path / "run", "logger=wandb", "logger.mode=online")
+    assert code == 1 and "logger.mode='online'; allowed: offline or disabled, or online once logged in" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
 def test_corrupted_archive_is_named_by_its_checksum(tmp_path):
