@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from dp_accounting.pld import privacy_loss_distribution as plds
 
 from normfl import ops
 from normfl.engine import clipping
+from normfl.errors import ConfigError
 from normfl.ops import AUDIT, Streams, round_generator, round_seed
 from normfl.privacy.accounting import GaussianRelease
 from normfl.privacy.audit.stats import curve_eps_lower, eps_lower, gdp_epsilon, mu_lower
@@ -323,6 +325,10 @@ class SampleCanaries(Canaries):
         return simulated_llrs(rng, self.steps, claim.sampling, shrink / claim.noise_multiplier, inside, m)
 
 
+CLIENT_BYTES = 32          # a client canary's peak bytes a coordinate: its float64 draw and unit direction, the
+                           # run's dtype copy and its bounded release with the blanks'
+
+
 def canaries_for(algo, clients, n: int, d: int, seed: int, device: torch.device, dtype: torch.dtype,
                  mode: str = "sidecar") -> Canaries:
     """The audit of ``algo``'s mechanism family (``config.AUDITED`` lists which algorithms have one), beside the
@@ -332,4 +338,10 @@ def canaries_for(algo, clients, n: int, d: int, seed: int, device: torch.device,
         return SampleCanaries(algo, len(clients.data.parts), n, seed, device, dtype, inband)
     if algo.mech.who == "server":
         return CentralCanaries(algo, n, seed, device, dtype, inband)
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else math.inf
+    if CLIENT_BYTES * n * d > memory / 2:       # 100,000 of 7,850 coordinates were killed at 20 GB
+        most = int(memory / 2 / (CLIENT_BYTES * d)) // 2 * 2
+        raise ConfigError("audit.canaries", n, f"an even integer <= {most} here: {n} canary directions of {d} "
+                          f"coordinates take about {CLIENT_BYTES * n * d / 2**30:.0f} GiB, over half this machine's "
+                          f"{memory / 2**30:.0f} GiB")
     return ClientCanaries(algo, n, d, seed, device, dtype, inband)
