@@ -357,6 +357,35 @@ def test_the_drivers_bad_options_are_refused_before_any_work(argv, match, tmp_pa
     assert not (tmp_path / "store").exists()                # refused before anything was made
 
 
+@pytest.mark.parametrize("argv, match", [
+    (["together", "{tmp}/nosuch"], r"together=\['.*nosuch'\]; allowed: run folders holding .hydra/config.yaml"),
+    (["together", "{tmp}", "--dry-run"], r"--dry-run=True; allowed: only with run or campaign \(not read by together"),
+    (["together"], r"together=\[\]; allowed: one or more run folders"),
+    (["adopt", "{tmp}/nosuch"], r"adopt=\['.*nosuch'\]; allowed: run folders that exist"),
+    (["record", "NOSUCHID"], r"record=\['NOSUCHID'\]; allowed: no names"),
+    (["list", "extra"], r"list=\['extra'\]; allowed: no names"),
+    (["run", "normfedavg-t3", "--budget", "5m"], r"--budget='5m'; allowed: only with campaign \(not read by run"),
+    (["run", "normfedavg-t3", "--checkpoints"], r"--checkpoints=True; allowed: only with campaign"),
+    (["figures", "normfedavg-t3", "--dry-run"], r"--dry-run=True; allowed: only with run or campaign"),
+    (["campaign", "normfedavg-t3", "--retry-failed"], r"--retry-failed=True; allowed: only with run"),
+    (["campaign", "normfedavg-t3", "--budget", "0s", "--store", "{tmp}/store"], r"--budget='0s'; allowed: a "
+     "duration above zero"),
+    (["report", "--store", "{tmp}/nosuch"], r"--store='.*nosuch'; allowed: an existing run store directory"),
+    (["run", "normfedavg-t3", "--dry-run", "--store", "{tmp}/file"], r"--store='.*file'; allowed: an existing run "
+     "store directory"),
+])
+def test_an_option_or_name_a_command_does_not_read_is_refused(argv, match, tmp_path):
+    """Each command refuses what it would ignore (``together --dry-run`` trained), and run folders or stores
+    that are not there, before any work."""
+    from normfl.reproduce.__main__ import main
+
+    (tmp_path / "file").write_text("")
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match=match):
+        main([a.format(tmp=tmp_path) for a in argv])
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_adopting_an_archive_that_is_not_there_is_refused(tmp_path):
     from normfl.reproduce.__main__ import main
 

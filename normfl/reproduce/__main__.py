@@ -32,6 +32,34 @@ from normfl.reproduce import jobs, records, store
 STORE_ENV = "NORMFL_STORE"      # where the run store is; default outputs/store under the working directory
 
 
+# what each command reads beyond its names; another option given to it is refused, not ignored
+READS = {"run": ("profile", "parallel", "threads", "stack", "match", "retry_failed", "dry_run", "store", "launcher"),
+         "campaign": ("profile", "parallel", "threads", "stack", "match", "dry_run", "store", "budget", "checkpoints",
+                      "archive"),
+         "record": ("store",), "figures": ("profile", "store"), "report": ("store",), "list": (),
+         "adopt": ("profile", "store"), "together": ("threads",)}
+NAMES = {"run": "IDs", "campaign": "IDs", "figures": "IDs", "adopt": "run folders or archives",
+         "together": "run folders"}      # what each command takes as names (the others take none)
+
+
+def check_reads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse an option the command does not read, names where it takes none, and none where it needs them."""
+    for dest in ("profile", "parallel", "threads", "stack", "match", "retry_failed", "dry_run", "store", "launcher",
+                 "budget", "checkpoints", "archive"):
+        if dest not in READS[args.command] and getattr(args, dest) != ap.get_default(dest):
+            takers = [c for c, reads in READS.items() if dest in reads]
+            raise ConfigError(f"--{dest.replace('_', '-')}", getattr(args, dest),
+                              f"only with {' or '.join(takers)} (not read by {args.command})")
+    if args.command not in NAMES and args.names:
+        raise ConfigError(args.command, args.names, "no names (it takes none)")
+    if args.command in ("adopt", "together") and not args.names:
+        raise ConfigError(args.command, [], f"one or more {NAMES[args.command]}")
+    if args.store is not None and not (args.store.is_dir() or (args.command in ("run", "campaign", "adopt")
+                                                                and not args.store.exists())):
+        raise ConfigError("--store", str(args.store), "an existing run store directory (run, campaign and adopt "
+                          "make a new one)")
+
+
 def store_dir(given: Path | None = None) -> Path:
     """The run store: ``given``, else $NORMFL_STORE, else outputs/store under the working directory; absolute,
     because runs are launched from the checkout."""
@@ -63,9 +91,10 @@ def main(argv=None) -> None:
     ap.add_argument("--archive", type=Path, default=None, help="campaign: where to write the archive "
                     "(default outputs/campaigns/<time>.tar.gz)")
     args = ap.parse_intermixed_args(argv)
-    args.store = store_dir(args.store)
     args.overrides = [n for n in args.names if "=" in n]
     args.names = [n for n in args.names if "=" not in n]
+    check_reads(ap, args)
+    args.store = store_dir(args.store)
     if args.overrides and args.launcher is None:
         raise ConfigError("--launcher", None, f"a Hydra launcher for the train.py overrides {args.overrides}")
     if args.launcher and args.match:
@@ -120,6 +149,8 @@ def main(argv=None) -> None:
             budget = campaign.seconds(args.budget)
         except ValueError as err:
             raise ConfigError("--budget", args.budget, "a duration such as 90s, 25m or 2h") from err
+        if budget <= 0:
+            raise ConfigError("--budget", args.budget, "a duration above zero, such as 90s, 25m or 2h")
         from normfl.engine.flat import pick_device
 
         path = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints, args.archive,
@@ -186,6 +217,8 @@ def together(dirs: list[str], threads: int | None) -> None:
     from normfl.run import train_together
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    if missing := [d for d in dirs if not (Path(d) / ".hydra" / "config.yaml").is_file()]:
+        raise ConfigError("together", missing, "run folders holding .hydra/config.yaml (left by `run --stack`)")
     jobs = []
     for d in map(Path, dirs):
         cfg = OmegaConf.load(d / ".hydra" / "config.yaml")
@@ -197,6 +230,8 @@ def together(dirs: list[str], threads: int | None) -> None:
 def adopt(dirs: list[str], profile: str, store_dir: Path) -> None:
     """Copy finished runs made by hand into the store under the key their config has with
     ``profile`` set, so a grid that needs exactly that run does not train it again."""
+    if missing := [d for d in dirs if not Path(d).is_dir()]:
+        raise ConfigError("adopt", missing, "run folders that exist (or a campaign's .tar.gz archives)")
     for d in map(Path, dirs):
         cfg_file = d / ".hydra" / "config.yaml"
         if store.status(d) not in store.FINISHED or not cfg_file.is_file():
