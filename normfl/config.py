@@ -34,6 +34,7 @@ from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE
 from normfl.privacy.sgm import METHODS as RC_METHODS
 
 EPSILON_MAX = 100.0                         # the largest privacy.epsilon a run takes
+NOISE_MAX = 1e6                             # the largest noise multiplier (1e300 overflowed dp-accounting's RDP)
 FLAGS = ("resume", "eval_train", "deterministic", "progress", "save_params", "dataset.augment", "dataset.download",
          "partition.capped", "algo.private", "algo.server_norm", "algo.adaptive", "algo.literal_psi",
          "algo.scale_to_unit", "privacy.amplification", "privacy.K_plus_one", "privacy.sqrt_covers_log")
@@ -46,7 +47,9 @@ PROFILES = (*GRID_PROFILES, "custom")       # how a run came about: a figure's g
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # What the code passes a group's target itself, beside the group's keys; privacy's node has no _target_.
 GIVEN = {"algo": (), "partition": ("labels", "client_ids", "num_clients", "seed"),
-         "model": ("in_shape", "num_classes"), "privacy": ("accountant", "releases_per_round")}
+         "model": ("in_shape", "num_classes"), "privacy": ("accountant", "releases_per_round"), "dataset": ()}
+READ_BESIDE = {"dataset": ("augment", "train_limit", "test_limit", "scale")}   # read by the run, not the loader
+OPTION_FILES = ("logger", "accountant", "device")   # groups whose option file lists every key the option takes
 PRIVACY_TARGET = "normfl.privacy.Privacy"
 
 
@@ -64,19 +67,23 @@ def accepted_keys(target: str, given=()) -> list[str]:
 
 
 @functools.cache
+def _root() -> DictConfig:
+    """conf/config.yaml (empty where conf/ is not beside the package)."""
+    return OmegaConf.load(CONF / "config.yaml") if (CONF / "config.yaml").is_file() else OmegaConf.create()
+
+
+@functools.cache
 def top_level_keys() -> frozenset[str]:
     """conf/config.yaml's keys and its groups' names (empty where conf/ is not beside the package)."""
-    if not (CONF / "config.yaml").is_file():
-        return frozenset()
-    root = OmegaConf.load(CONF / "config.yaml")
-    groups = {next(iter(d)) for d in root.defaults if isinstance(d, DictConfig)}
-    return frozenset((set(root) - {"defaults"}) | groups)
+    groups = {next(iter(d)) for d in _root().get("defaults", []) if isinstance(d, DictConfig)}
+    return frozenset((set(_root()) - {"defaults"}) | groups)
 
 
 def _validate_keys(cfg: DictConfig) -> None:
     """A key no part of normfl reads (a misspelling, a key of another group's option) is refused with the keys
-    that are read there: at the top level, and in algo, partition, model and privacy, whose keys are the
-    arguments of what they build."""
+    that are read there: at the top level; in algo, partition, model, privacy and dataset, whose keys are the
+    arguments of what they build; in logger, accountant and device, whose option files list their keys; in
+    audit, whose keys conf/config.yaml lists."""
     known = top_level_keys()
     for key in cfg:
         if known and key not in known:
@@ -87,15 +94,55 @@ def _validate_keys(cfg: DictConfig) -> None:
             continue
         target = node.get("_target_", PRIVACY_TARGET)
         try:
-            accepted = accepted_keys(target, given)
+            accepted = sorted({*accepted_keys(target, given), *READ_BESIDE.get(group, ())})
         except Exception:                   # no such target: building it says so
             continue
-        unknown = [k for k in node if not str(k).startswith("_") and k not in accepted and k != "defaults"]
-        if unknown:
-            name = node.get("name") or target.rsplit(".", 1)[1] if group != "privacy" else None
-            where = f"{group}={name}" if name else group
-            raise ConfigError(f"{group}.{unknown[0]}", node[unknown[0]],
-                              f"the keys of {where}: {', '.join(accepted) or 'none'}")
+        name = node.get("name") or target.rsplit(".", 1)[1] if group != "privacy" else None
+        _refuse_unknown(node, group, accepted, f"{group}={name}" if name else group)
+    for group in OPTION_FILES:
+        node, option = _get(cfg, group), _get(cfg, f"{group}.name")
+        if isinstance(node, DictConfig) and (path := CONF / group / f"{option}.yaml").is_file():
+            _refuse_unknown(node, group, sorted(OmegaConf.load(path)), f"{group}={option}")
+    if isinstance(node := _get(cfg, "audit"), DictConfig) and "audit" in _root():
+        _refuse_unknown(node, "audit", sorted(_root().audit), "audit")
+
+
+@functools.cache
+def _option(group: str, option: str) -> dict:
+    """conf/<group>/<option>.yaml with the options of its group it builds on (its ``defaults``), as a dict."""
+    path = CONF / group / f"{option}.yaml"
+    if not path.is_file():
+        return {}
+    node = OmegaConf.to_container(OmegaConf.load(path))
+    merged = {}
+    for base in node.pop("defaults", []):
+        if isinstance(base, str) and base != "_self_":
+            merged.update(_option(group, base))
+    return {**merged, **node}
+
+
+def _unread(cfg: DictConfig, key: str, why: str, default=KeyError) -> None:
+    """Refuse ``key`` where the run would not read it, unless it keeps its default: ``default``, else the value in
+    the file of the group's option (algo: ``algo.name``; dataset: the file of the same loader)."""
+    group, _, leaf = key.partition(".")
+    if default is KeyError:
+        if group == "algo":
+            option = _option("algo", cfg.algo.name)
+        else:
+            files = [_option(group, f.stem) for f in sorted((CONF / group).glob("*.yaml"))]
+            option = next((o for o in files if o.get("_target_") == _get(cfg, f"{group}._target_")), {})
+        default = option.get(leaf, KeyError)
+    value = _get(cfg, key)
+    value = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+    if default is not KeyError and value != default:
+        raise ConfigError(key, value, f"{'null' if default is None else default} {why}")
+
+
+def _refuse_unknown(node: DictConfig, group: str, accepted: list, where: str) -> None:
+    unknown = [k for k in node if not str(k).startswith("_") and k not in accepted and k != "defaults"]
+    if unknown:
+        raise ConfigError(f"{group}.{unknown[0]}", node[unknown[0]],
+                          f"the keys of {where}: {', '.join(accepted) or 'none'}")
 
 
 def _get(cfg: DictConfig, key: str, missing=None):
@@ -183,7 +230,9 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "eval_every", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "eval_subset", lambda v: 0 < v <= 1, "null (the whole test set) or a number in (0, 1]",
             optional=True)
-    _number(cfg, "threads", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
+    cores = os.cpu_count() or 1
+    _number(cfg, "threads", lambda v: 1 <= v <= cores, f"null or an integer in [1, {cores}] (this machine's cores)",
+            integer=True, optional=True)
     _number(cfg, "checkpoint_every", lambda v: v >= 0, "an integer >= 0 (0: no checkpoints)", integer=True)
     _choice(cfg, "profile", PROFILES, optional=False)
     _choice(cfg, "oracle", ORACLES, optional=False)
@@ -208,6 +257,9 @@ def validate(cfg: DictConfig) -> None:
                               "local steps, or DP-SGD steps charged to a privacy budget)")
     if cfg.precision == "bf16" and cfg.device.name == "mps":
         raise ConfigError("precision", "bf16", "fp32 on mps (bf16 autocast needs a CPU or CUDA device)")
+    if cfg.precision == "tf32" and (device := pick_device(cfg.device.name).type) != "cuda":
+        raise ConfigError("precision", "tf32", f"fp32 or bf16 on {device} (TF32 is a mode of CUDA's matmuls and "
+                          "convolutions)")
     if cfg.precision == "bf16" and cfg.backend in ("vmap", "analytic"):
         raise ConfigError("precision", "bf16", f"fp32 with backend={cfg.backend} (bf16 autocast runs on "
                           "backend=sequential or stacked, between which auto then picks)")
@@ -215,6 +267,10 @@ def validate(cfg: DictConfig) -> None:
     pick_device(cfg.device.name)                      # a device this machine lacks is refused here
     _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
     _choice(cfg, "logger.mode", ("offline", "online", "disabled"))
+    for key in ("logger.project", "logger.entity"):
+        v = _get(cfg, key)
+        if v is not None and not (isinstance(v, str) and v and not set(v) & set("/\\#?%:")):
+            raise ConfigError(key, v, f"{'null or ' * (key == 'logger.entity')}a name without / \\ # ? % :")
     if cfg.logger.name == "wandb" and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logger", "wandb", "csv here (the wandb package is not installed: pip install wandb)")
 
@@ -236,8 +292,9 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "privacy.epsilon", lambda v: 0 < v <= EPSILON_MAX, f"a number in (0, {EPSILON_MAX:g}] (a larger "
             "ε certifies nothing, and its noise is too small to account: ε = 1,000 took 7 GiB and 7 minutes)")
     _number(cfg, "privacy.delta", lambda v: 0 < v < 1, "a number in (0, 1)")
-    _number(cfg, "privacy.c", lambda v: v > 0, "a number > 0")
-    _number(cfg, "privacy.noise_multiplier_override", lambda v: v >= 0, "null or a number >= 0", optional=True)
+    _number(cfg, "privacy.c", lambda v: 0 < v <= NOISE_MAX, f"a number in (0, {NOISE_MAX:g}]")
+    _number(cfg, "privacy.noise_multiplier_override", lambda v: 0 <= v <= NOISE_MAX,
+            f"null or a number in [0, {NOISE_MAX:g}]", optional=True)
     _choice(cfg, "privacy.log_base", LOG_BASES + (10,))
     _choice(cfg, "privacy.noise_on", NOISE_ON)
     _choice(cfg, "privacy.K", K_COUNTS)
@@ -252,6 +309,7 @@ def validate(cfg: DictConfig) -> None:
                           "does not support it)")
     if cfg.privacy.noise_on == "raw_delta" and not formula:
         raise ConfigError("privacy.noise_on", "raw_delta", "scaled_message when calibrating with an accountant")
+    _validate_privacy_reads(cfg)
 
     _number(cfg, "algo.eta", lambda v: v > 0, "null or a number > 0", optional=True)
     _number(cfg, "algo.local_steps", lambda v: v >= 1, "an integer >= 1", integer=True, optional=True)
@@ -261,6 +319,13 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "algo.participation", PARTICIPATIONS)
     _choice(cfg, "algo.bounding", BOUNDINGS)
     _choice(cfg, "algo.noise_by", ("client", "server"))
+    operator = _get(cfg, "algo.local_operator")
+    if operator == "ig":
+        _unread(cfg, "algo.local_steps", "with algo.local_operator=ig (one incremental pass over the shard)")
+    elif operator == "gd":
+        _unread(cfg, "algo.ig_batch_size", "with algo.local_operator=gd (algo.local_operator=ig reads it)")
+    if _get(cfg, "algo.noise_by") is not None and not cfg.algo.get("private"):
+        _unread(cfg, "algo.noise_by", "with algo.private=false (no noise to add)")
     if _get(cfg, "algo.participation") == "cohort":
         _number(cfg, "algo.cohort_size", lambda v: 1 <= v <= (cfg.clients or math.inf),
                 f"an integer in [1, clients={cfg.clients}]",
@@ -290,15 +355,30 @@ def validate(cfg: DictConfig) -> None:
     for key in ("partition.min_size", "partition.num_shards", "partition.shard_size"):
         _number(cfg, key, lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
     _number(cfg, "dataset.split_seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", integer=True)
-    hidden = _get(cfg, "model.hidden")
-    widths = list(hidden) if isinstance(hidden, ListConfig) else [hidden]
-    if hidden is not None and not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
-        raise ConfigError("model.hidden", hidden, "an integer >= 1, or a list of them")
+    if _get(cfg, "dataset.split") == "standard":
+        for key in ("holdout_fraction", "split_seed"):
+            _unread(cfg, f"dataset.{key}", "with dataset.split=standard (the official train/test sets)")
+    if _get(cfg, "dataset.scale") == "raw":
+        for key in ("mean", "std"):
+            _unread(cfg, f"dataset.{key}", "with dataset.scale=raw (the 0-255 values, not normalised)")
+    if _get(cfg, "oracle") == "full":
+        _unread(cfg, "batch_size", "with oracle=full (each client's whole shard)", _root().get("batch_size", KeyError))
+    hidden, model = _get(cfg, "model.hidden"), (_get(cfg, "model._target_") or "").rsplit(".", 1)[-1]
+    listed = model != "cnn"                               # mlp: a width per layer; cnn: one hidden layer's width
+    widths = list(hidden) if isinstance(hidden, ListConfig) and listed else [hidden]
+    if hidden is not None and not (isinstance(hidden, ListConfig) == listed and all(
+            isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths)):
+        raise ConfigError("model.hidden", OmegaConf.to_container(hidden) if isinstance(hidden, ListConfig) else hidden,
+                          f"{'a list of integers >= 1' if listed else 'an integer >= 1'} with model={model}")
 
     if _get(cfg, "dataset._target_") == "normfl.data.load_npz" and OmegaConf.is_missing(cfg.dataset, "path"):
         raise ConfigError("dataset.path", "???", "the path of an .npz file: dataset=npz dataset.path=FILE")
     if _get(cfg, "dataset.path") is not None and not Path(cfg.dataset.path).is_file():
         raise ConfigError("dataset.path", cfg.dataset.path, "an existing .npz file")
+    for key in ("data_root", "offline_data"):
+        if not isinstance(v := _get(cfg, key), str) or not v:
+            raise ConfigError(key, v, "a directory's path (data_root: torchvision's data and the caches; offline_data: "
+                              "the offline copies)")
     env = os.environ.get("NORMFL_OFFLINE_DATA")
     if env and not Path(env).is_dir():
         raise ConfigError("offline_data (from $NORMFL_OFFLINE_DATA)", env, "an existing directory")
@@ -343,6 +423,50 @@ def _validate_calibration(cfg: DictConfig) -> None:
                           "formula (every private run reports the ε that RDP and PLD certify for it either way)")
 
 
+PRIVATE_ALGOS = ("dp_normec, dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm with algo.private=true, dpfl, ali_dpfl, "
+                 "dp_normfedavg, nfa_binomial, nfa_clip_tdl")
+FORMULA_KEYS = ("c", "log_base", "sqrt_covers_log", "K_plus_one", "K", "noise_on")   # the papers' noise formula's
+
+
+@functools.cache
+def privacy_defaults() -> dict:
+    """conf/privacy/default.yaml (empty where conf/ is not beside the package)."""
+    path = CONF / "privacy" / "default.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+
+
+def private(cfg: DictConfig) -> bool:
+    """Whether the run adds noise: the Gaussian algorithms with algo.private, DP-SGD's, NormFedAvg's mechanisms."""
+    target = _get(cfg, "algo._target_")
+    if target == "normfl.algorithms.NormFedAvg":
+        return _get(cfg, "algo.mechanism") != "none"
+    return target == "normfl.algorithms.DPFL" or bool(_get(cfg, "algo.private"))
+
+
+def _validate_privacy_reads(cfg: DictConfig) -> None:
+    """A privacy key the run does not read is refused, not ignored: every one without noise; all but ε and δ
+    where the algorithm brings its own mechanism (NormFedAvg, DPFL); the papers' formula under an accountant;
+    amplification where no client is sampled."""
+    name, target = cfg.algo.name, _get(cfg, "algo._target_")
+    if not private(cfg):
+        reads, why = (), f"with algo={name}, which adds no noise (the private algorithms: {PRIVATE_ALGOS})"
+        if cfg.accountant.name != "paper":
+            raise ConfigError("accountant", cfg.accountant.name, f"paper {why}")
+    elif target in ("normfl.algorithms.NormFedAvg", "normfl.algorithms.DPFL"):
+        reads, why = ("epsilon", "delta"), f"with algo={name}, whose mechanism reads privacy.epsilon and delta alone"
+    elif cfg.privacy.calibration == "accountant":
+        reads = [k for k in cfg.privacy if k not in FORMULA_KEYS]
+        why = "with privacy.calibration=accountant (the accountant solves σ; this key is the papers' formula's)"
+    else:
+        reads, why = list(cfg.privacy), ""
+    for key, default in privacy_defaults().items():
+        if key not in reads and _get(cfg, f"privacy.{key}", default) != default:
+            raise ConfigError(f"privacy.{key}", cfg.privacy[key], f"{default} {why}")
+    if "amplification" in reads and cfg.privacy.amplification and _get(cfg, "algo.p") in (None, 1, 1.0):
+        raise ConfigError("privacy.amplification", True, f"false with algo={name} at p={_get(cfg, 'algo.p', 1)}: "
+                          "amplification by sampling needs clients sampled, p < 1")
+
+
 def _validate_nfa(cfg: DictConfig) -> None:
     """The keys of NormFedAvg and its variants (conf/algo/normfedavg.yaml)."""
     _number(cfg, "algo.eta0", lambda v: v > 0, "a number > 0")
@@ -358,13 +482,15 @@ def _validate_nfa(cfg: DictConfig) -> None:
     _number(cfg, "algo.s", lambda v: v >= 1, "an integer >= 1", integer=True)
     _number(cfg, "algo.mu", lambda v: v > 0, "a number > 0")
     a = cfg.algo
-    schedule = "a list of [k_start, value] pairs with k_start = 0 first, values > 0"
+    schedule = "a list of [k_start, value] pairs, distinct integers k_start >= 0 with 0 among them, finite values > 0"
     if (a.beta is None) == (a.beta_over_eta is None):
         raise ConfigError("algo.beta", a.beta, f"{schedule}, or null with algo.beta_over_eta set (exactly one)")
     if a.beta is not None:
         pairs = list(a.beta) if not isinstance(a.beta, (int, float, str)) else None
-        ok = pairs and all(len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], (int, float)) and p[1] > 0
-                           for p in pairs) and min(p[0] for p in pairs) == 0
+        ok = pairs and all(isinstance(p, ListConfig) and len(p) == 2 and isinstance(p[0], int)
+                           and not isinstance(p[1], bool) and isinstance(p[1], (int, float))
+                           and 0 < p[1] < math.inf for p in pairs)
+        ok = ok and min(p[0] for p in pairs) == 0 and len({p[0] for p in pairs}) == len(pairs)
         if not ok:
             raise ConfigError("algo.beta", a.beta, schedule)
     else:
@@ -380,6 +506,13 @@ def _validate_nfa(cfg: DictConfig) -> None:
         raise ConfigError("algo.scope", a.scope, "per_round with mechanism=binomial (cpSGD's per-round guarantee)")
     if a.noise_at == "server" and a.mechanism != "qtdl":
         raise ConfigError("algo.noise_at", "server", "client unless mechanism=qtdl (the aggregate-level variant)")
+    if a.mechanism == "none":
+        for key in ("s", "mu", "scope", "sensitivity", "noise_at"):
+            _unread(cfg, f"algo.{key}", f"with algo.mechanism=none (algo={a.name} quantizes nothing and adds no noise)")
+    elif a.sensitivity == "worst_case":
+        _unread(cfg, "algo.mu", "with algo.sensitivity=worst_case (μ is eq. 6's heuristic's)")
+    if a.upload != "clip":
+        _unread(cfg, "algo.clip", f"with algo.upload={a.upload} (the clipping bound of algo.upload=clip)")
 
 
 def _validate_dpfl(cfg: DictConfig) -> None:
@@ -397,6 +530,15 @@ def _validate_dpfl(cfg: DictConfig) -> None:
     _choice(cfg, "algo.rc_method", RC_METHODS, optional=False)
     _choice(cfg, "algo.tau_rule", TAU_RULES, optional=False)
     _choice(cfg, "algo.T_mode", T_MODES, optional=False)
+    if cfg.algo.adaptive:
+        _unread(cfg, "algo.tau", f"with algo.adaptive=true ({cfg.algo.name} chooses τ each round; algo=dpfl fixes it)",
+                default=1)
+    else:
+        for key in ("tau_rule", "T_mode", "tau_cap", "lambda_const", "omega_const"):
+            _unread(cfg, f"algo.{key}", "with algo.adaptive=false (ALI-DPFL's τ search alone reads it)")
+    if cfg.oracle != "minibatch":
+        raise ConfigError("oracle", cfg.oracle, f"minibatch with algo={cfg.algo.name} (its batches are Poisson "
+                          "samples at algo.sample_rate)")
     if _get(cfg, "model.norm") == "batch":
         raise ConfigError("model.norm", "batch", "group (DP-SGD's per-sample gradients are undefined with BatchNorm)")
 

@@ -96,7 +96,11 @@ CONFIG = [
     ("p ignored", ["algo=normec", "p=0.5"], "p=0.5; allowed: 1.0 with algo=normec"),
     ("no cuda", ["device=cuda"], "device='cuda'; allowed: auto or cpu"),
     ("npz without path", ["dataset=npz"], "dataset.path='???'; allowed: the path of an .npz file"),
-    ("hidden width", ["model=mlp", "model.hidden=0"], "model.hidden=0; allowed: an integer >= 1"),
+    ("hidden width", ["model=mlp", "model.hidden=[0]"], "model.hidden=[0]; allowed: a list of integers >= 1 with "
+     "model=mlp"),
+    ("hidden width not a list", ["model=mlp", "model.hidden=300"], "model.hidden=300; allowed: a list of integers"),
+    ("hidden width a list for the cnn", ["model=cnn", "model.hidden=[64]"],
+     "model.hidden=[64]; allowed: an integer >= 1 with model=cnn"),
     ("no bounding", ["algo=dp_fedavg", "algo.bounding=none"], ("algo.bounding", "norm or clip")),
     ("epsilon without delta", ["privacy.delta=null"], ("privacy.delta", "(0, 1)")),
     ("cohort too large", ["algo=fedavg", "algo.participation=cohort", "algo.cohort_size=20"],
@@ -129,6 +133,49 @@ CONFIG = [
      "dataset.split_seed=None; allowed: an integer in [0, 2^32)"),
     ("mean for colour images", ["dataset.mean=[0.5,0.5,0.5]", "dataset.std=[0.5,0.5,0.5]"],
      "dataset.mean=[0.5, 0.5, 0.5]; allowed: 1 number (the data has 1 channel)"),
+    # privacy keys the run does not read are refused, not ignored
+    ("privacy without noise", ["algo=normec", "privacy.epsilon=0.5"],
+     "privacy.epsilon=0.5; allowed: 8.0 with algo=normec, which adds no noise"),
+    ("accountant without noise", ["algo=normec", "privacy.calibration=accountant", "accountant=rdp"],
+     "accountant='rdp'; allowed: paper with algo=normec, which adds no noise"),
+    ("a budget without noise", ["algo=normec", "budget=e175_r177"], "privacy.epsilon=1.75; allowed: 8.0"),
+    ("formula key under an accountant", ["algo=dp_normec", "privacy.calibration=accountant", "accountant=rdp",
+                                         "privacy.c=3"],
+     "privacy.c=3; allowed: 1.0 with privacy.calibration=accountant"),
+    ("amplification without sampling", ["algo=dp_normec", "privacy.amplification=true"],
+     "privacy.amplification=True; allowed: false with algo=dp_normec at p=1"),
+    ("formula key for DP-SGD", ["algo=dpfl", "privacy.c=2"],
+     "privacy.c=2; allowed: 1.0 with algo=dpfl, whose mechanism reads privacy.epsilon and delta alone"),
+    ("noise multiplier beyond accounting", ["algo=dp_normec", "privacy.noise_multiplier_override=1e300"],
+     "privacy.noise_multiplier_override=1e+300; allowed: null or a number in [0, 1e+06]"),
+    # keys of a group's option that nothing reads
+    ("audit key misspelt", ["+audit.canary=4"], "audit.canary=4; allowed: the keys of audit: canaries, mode"),
+    ("logger key of another logger", ["+logger.project=foo"], "logger.project='foo'; allowed: the keys of logger=csv"),
+    ("device key", ["+device.index=1"], "device.index=1; allowed: the keys of device=cpu: name"),
+    ("dataset key misspelt", ["+dataset.trian_limit=5"], "dataset.trian_limit=5; allowed: the keys of dataset="),
+    ("wandb project not a name", ["logger=wandb", "logger.mode=disabled", "logger.project=a/b"],
+     "logger.project='a/b'; allowed: a name without"),
+    # an algorithm's key that its setting leaves unread
+    ("tau of ALI-DPFL", ["algo=ali_dpfl", "algo.tau=5"], "algo.tau=5; allowed: 1 with algo.adaptive=true"),
+    ("adaptive-only key of DPFL", ["algo=dpfl", "algo.lambda_const=0.5"],
+     "algo.lambda_const=0.5; allowed: null with algo.adaptive=false"),
+    ("full gradient for DP-SGD", ["algo=dpfl", "oracle=full"], "oracle='full'; allowed: minibatch with algo=dpfl"),
+    ("local steps of an incremental pass", ["algo=fed_normec", "algo.local_operator=ig", "algo.local_steps=5"],
+     "algo.local_steps=5; allowed: 1 with algo.local_operator=ig"),
+    ("central noise without noise", ["algo=fedavg", "algo.noise_by=server"],
+     "algo.noise_by='server'; allowed: client with algo.private=false"),
+    ("quantizer levels without a mechanism", ["algo=normfedavg", "algo.s=64"],
+     "algo.s=64; allowed: 4096 with algo.mechanism=none"),
+    ("schedule of a repeated round", ["algo=dp_normfedavg", "algo.beta=[[0,0.1],[0,5.0]]"],
+     "algo.beta=[[0, 0.1], [0, 5.0]]; allowed: a list of [k_start, value] pairs, distinct"),
+    ("holdout of the standard split", ["dataset.holdout_fraction=0.5"],
+     "dataset.holdout_fraction=0.5; allowed: 0.1 with dataset.split=standard"),
+    ("mean of raw pixels", ["dataset.scale=raw", "dataset.mean=[0.5]"],
+     "dataset.mean=[0.5]; allowed: [0.286] with dataset.scale=raw"),
+    ("batch of a full gradient", ["oracle=full", "batch_size=7"], "batch_size=7; allowed: 32 with oracle=full"),
+    ("tf32 on a CPU", ["precision=tf32"], "precision='tf32'; allowed: fp32 or bf16 on cpu"),
+    ("threads beyond the cores", ["threads=100000"], "threads=100000; allowed: null or an integer in [1, "),
+    ("data root null", ["data_root=null"], "data_root=None; allowed: a directory's path"),
     ("data nowhere", ["data_root=/nonexistent/root", "offline_data=/nonexistent/none", "dataset.download=false"],
      ("Fashion-MNIST not found", "To provide Fashion-MNIST")),
 ]
@@ -216,6 +263,17 @@ def test_wandb_online_without_a_login(tmp_path, data_root, monkeypatch):
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
+def test_canaries_that_would_not_fit_in_memory(tmp_path, data_root, monkeypatch):
+    """``audit.canaries=100000`` on logistic regression was killed at 20 GB; on a machine of 1 GiB (pretended
+    here), 10,000 canary directions of 7,850 coordinates (2.3 GiB) are refused with the most that fit."""
+    from normfl.privacy.audit import canaries
+
+    pages = {"SC_PHYS_PAGES": 2**18, "SC_PAGE_SIZE": 4096}               # 1 GiB
+    monkeypatch.setattr(canaries.os, "sysconf", lambda name: pages[name])
+    refused(tmp_path, data_root, ["algo=dp_normec", "audit.canaries=10000"],
+            "audit.canaries=10000; allowed: an even integer <= 2136 here: 10000 canary directions of 7850 coordinates")
+
+
 def test_corrupted_archive_is_named_by_its_checksum(tmp_path):
     offline = tmp_path / "offline"
     offline.mkdir()
@@ -233,6 +291,14 @@ def test_unwritable_output_dir(data_root):
     out = subprocess.run([sys.executable, str(REPO / "train.py"), *B, "hydra.run.dir=/proc/normfl-run"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "/proc/normfl-run" in out.stderr
+
+
+def test_a_run_directory_that_is_a_file(tmp_path, data_root):
+    """Hydra's mkdir raised FileExistsError with a traceback; now one line, and the file is left as it was."""
+    (tmp_path / "a-file").write_text("mine")
+    refused(tmp_path, data_root, [], f"hydra.run.dir='{tmp_path / 'a-file'}'; allowed: a directory (this path is a "
+            "file)", run_dir=tmp_path / "a-file")
+    assert (tmp_path / "a-file").read_text() == "mine"
 
 
 def test_run_directory_states(tmp_path, data_root):

@@ -28,8 +28,10 @@ def test_every_config_composes_and_validates(group, option):
         extra = ["dataset=npz", "dataset.path=" + __file__]
     if option in ("dpfl", "ali_dpfl"):
         extra = ["model=cnn"]                       # DP-SGD refuses the default ResNet20's BatchNorm
-    if group == "accountant" and option != "paper":
-        extra = ["privacy.calibration=accountant"]  # an accountant calibrates only when asked to (issue 27)
+    if group == "accountant" and option != "paper":  # an accountant calibrates only when asked to (issue 27), and
+        extra = ["privacy.calibration=accountant", "algo=dp_normec"]       # only a private run reads it
+    if group == "budget":
+        extra = ["algo=dpfl", "model=cnn"]          # ALI-DPFL's (ε, R_s) cells: a run without noise refuses an ε
     cfg = cfg_with(f"{group}={option}", *extra)
     OmegaConf.to_container(cfg, resolve=True)      # every interpolation resolves
     absent = {"cuda": not torch.cuda.is_available(),

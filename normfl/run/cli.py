@@ -253,6 +253,11 @@ class SweepStop:
         os.environ.pop(SWEEP_PID, None)
 
 
+def refuse_a_file(key: str, path) -> None:
+    if Path(str(path)).exists() and not Path(str(path)).is_dir():
+        sys.exit(f"normfl: invalid config: {key}={str(path)!r}; allowed: a directory (this path is a file)")
+
+
 class SweepReport(Callback):
     """After a sweep (``conf/config.yaml``'s ``hydra.callbacks``): its directory, a table of the swept values
     against each job's outcome (also in ``jobs.md``), a line per job refused or failed, and exit status 1 if
@@ -264,7 +269,12 @@ class SweepReport(Callback):
     def __getstate__(self) -> dict:             # pickled to joblib's workers with Hydra's context: the stop is ours
         return {k: v for k, v in self.__dict__.items() if k != "stop"}
 
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        """A run directory that is a file is refused in one line before Hydra makes it (its mkdir raised)."""
+        refuse_a_file("hydra.run.dir", config.hydra.run.dir)
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        refuse_a_file("hydra.sweep.dir", config.hydra.sweep.dir)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         (sweep_dir / OUTCOMES / STOP).unlink(missing_ok=True)           # asked of an earlier sweep here
         if "joblib" in str(config.hydra.launcher.get("_target_", "")):

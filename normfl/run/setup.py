@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from normfl.algorithms.ef21 import EF21
-from normfl.config import ConfigError, resolve_clients, validate_data
+from normfl.config import READ_BESIDE, ConfigError, resolve_clients, validate_data
 from normfl.data import ClientData, Preprocess, client_test_split
 from normfl.data.clients import Batches
 from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
@@ -32,8 +32,8 @@ def _kind(node: DictConfig) -> str:
 def build_data(cfg: DictConfig):
     """The dataset (with its label) and the client partition, as the config says (``clients`` resolved:
     ``build``)."""
-    extra = ("augment", "train_limit", "test_limit", "scale")
-    ds_cfg = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k not in extra}
+    ds_cfg = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items()
+              if k not in READ_BESIDE["dataset"]}
     try:
         ds = instantiate(ds_cfg)
     except InstantiationException as err:  # e.g. a split the data cannot give

@@ -97,6 +97,9 @@ class Training:
             return
         if self.cfg.algo.get("scope") == "per_round":
             why = "algo.scope=per_round makes privacy.epsilon each message's ε, not the whole run's"
+        elif self.cfg.algo.get("rc_override") is not None:
+            why = (f"algo.rc_override={self.cfg.algo.rc_override} takes more DP-SGD steps than privacy.epsilon "
+                   "supports (null: the steps it supports)")
         elif self.cfg.privacy.calibration == "paper" and by != "composed":
             why = ("the papers' noise rule is a heuristic; privacy.calibration=accountant accountant=pld calibrates "
                    "the noise to privacy.epsilon")
