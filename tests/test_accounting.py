@@ -114,8 +114,8 @@ def test_pld_calibrates_where_the_ledger_and_the_accountant_differ_by_more_than_
 
 
 def test_no_pld_where_it_would_not_fit_in_memory():
-    """σ = 0.001 took 21 GB in dp-accounting's PLD, and a hundred thousand releases at σ = 0.3 would too: below
-    PLD_MIN_SIGMA, or where RDP is past PLD_MAX_EPSILON, the ledger reports RDP alone."""
+    """σ = 0.001 took 21 GB in dp-accounting's PLD, and a hundred thousand releases at σ = 0.5 would take more:
+    where RDP puts one release, or k, past PLD_MAX_EPSILON, the ledger reports RDP alone."""
     assert Ledger(GaussianRelease(0.001), 1e-5).spent(300) == {"rdp": pytest.approx(1.65e8, rel=0.01), "pld": None}
     high = Ledger(GaussianRelease(0.5), 1e-5)
     assert high.spent(10)["pld"] is not None and high.spent(100_000)["pld"] is None

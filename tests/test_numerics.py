@@ -21,7 +21,6 @@ from tests.test_stacked import MODELS, assert_same_run, config
 
 @pytest.mark.parametrize(("precision", "deterministic", "want"), [
     ("fp32", False, {"tf32": False, "cudnn_benchmark": True, "deterministic": False}),
-    ("tf32", False, {"tf32": True, "cudnn_benchmark": True, "deterministic": False}),
     ("fp32", True, {"tf32": False, "cudnn_benchmark": False, "deterministic": True}),
 ])
 def test_precision_and_determinism_set_the_flags_and_the_summary_names_them(precision, deterministic, want, tmp_path,
@@ -32,6 +31,8 @@ def test_precision_and_determinism_set_the_flags_and_the_summary_names_them(prec
     assert summary["numerics"] == want and summary["precision"] == precision
     assert summary["memory_format"] == "contiguous"                     # logreg has no convolution to lay out
     assert json.loads((tmp_path / "summary.json").read_text())["numerics"] == want
+    set_numerics("tf32", False)                  # a run asks for it on CUDA alone (config refuses it elsewhere)
+    assert numerics() == {"tf32": True, "cudnn_benchmark": True, "deterministic": False}
     set_numerics("fp32", False)
     assert numerics() == {"tf32": False, "cudnn_benchmark": True, "deterministic": False}
 

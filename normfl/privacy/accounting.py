@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 RELATIONS = ("add_remove", "replace")
 ACCOUNTANTS = ("rdp", "pld")
 PLD_INTERVAL = 1e-3       # pessimistic discretisation: an upper bound on epsilon, tight to ~1e-4 here
-PLD_MIN_SIGMA = 0.3       # no PLD for a Gaussian below this noise: it would not fit in memory
-PLD_MAX_EPSILON = 1000.0  # nor for k releases RDP puts above this ε: the composed loss spans ε / PLD_INTERVAL points
+PLD_MIN_SIGMA = 0.3       # no PLD for a subsampled Gaussian below this noise: it would not fit in memory
+PLD_MAX_EPSILON = 1000.0  # nor for releases RDP puts above this ε: their loss spans about ε / PLD_INTERVAL points
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,8 @@ class Ledger:
                 acc.compose(ev)
                 self._orders, self._rdp_one = acc._orders, np.asarray(acc._rdp)   # one round's RDP curve
             q = mech.sampling if mech.sampled else 1.0
-            if mech.noise_multiplier < PLD_MIN_SIGMA:
-                return                               # eps_pld is then None (σ = 0.001 took 21 GB)
+            if q < 1.0 and mech.noise_multiplier < PLD_MIN_SIGMA or self._rdp(1) > PLD_MAX_EPSILON:
+                return                               # eps_pld is then None (one release at σ = 0.001 took 21 GB)
             self._pld_one = plds.from_gaussian_mechanism(
                 mech.noise_multiplier, sampling_prob=q, value_discretization_interval=PLD_INTERVAL,
                 neighboring_relation=mech.relation("pld"))
@@ -127,15 +127,18 @@ class Ledger:
             return {"rdp": 0.0, "pld": 0.0}
         if self.mech.noise_multiplier <= 0:
             return {"rdp": math.inf, "pld": math.inf}
-        from dp_accounting import rdp
-
-        eps_rdp = None
-        if self._rdp_one is not None:
-            eps_rdp = float(rdp.rdp_privacy_accountant.compute_epsilon(self._orders, k * self._rdp_one, self.delta)[0])
-        eps_pld = None
+        eps_rdp, eps_pld = self._rdp(k), None
         if self._pld_one is not None and "pld" in accountants and not (eps_rdp or 0.0) > PLD_MAX_EPSILON:
             eps_pld = float(self._pld_one.self_compose(k).get_epsilon_for_delta(self.delta))
         return {"rdp": eps_rdp, "pld": eps_pld}
+
+    def _rdp(self, k: int) -> float | None:
+        """ε after k releases by RDP (None where dp-accounting's RDP does not apply: sampling under replace-one)."""
+        from dp_accounting import rdp
+
+        if self._rdp_one is None:
+            return None
+        return float(rdp.rdp_privacy_accountant.compute_epsilon(self._orders, k * self._rdp_one, self.delta)[0])
 
 
 @dataclass(frozen=True)
