@@ -44,8 +44,7 @@ NAMES = {"run": "IDs", "campaign": "IDs", "figures": "IDs", "adopt": "run folder
 
 def check_reads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse an option the command does not read, names where it takes none, and none where it needs them."""
-    for dest in ("profile", "parallel", "threads", "stack", "match", "retry_failed", "dry_run", "store", "launcher",
-                 "budget", "checkpoints", "archive"):
+    for dest in dict.fromkeys(d for reads in READS.values() for d in reads):
         if dest not in READS[args.command] and getattr(args, dest) != ap.get_default(dest):
             takers = [c for c, reads in READS.items() if dest in reads]
             raise ConfigError(f"--{dest.replace('_', '-')}", getattr(args, dest),
