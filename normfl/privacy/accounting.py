@@ -115,7 +115,7 @@ class Ledger:
                 acc.compose(ev)
                 self._orders, self._rdp_one = acc._orders, np.asarray(acc._rdp)   # one round's RDP curve
             q = mech.sampling if mech.sampled else 1.0
-            if q < 1.0 and mech.noise_multiplier < PLD_MIN_SIGMA or self._rdp(1) > PLD_MAX_EPSILON:
+            if q < 1.0 and mech.noise_multiplier < PLD_MIN_SIGMA or (self._rdp(1) or 0.0) > PLD_MAX_EPSILON:
                 return                               # eps_pld is then None (one release at σ = 0.001 took 21 GB)
             self._pld_one = plds.from_gaussian_mechanism(
                 mech.noise_multiplier, sampling_prob=q, value_discretization_interval=PLD_INTERVAL,
