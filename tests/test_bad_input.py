@@ -301,6 +301,13 @@ def test_a_run_directory_that_is_a_file(tmp_path, data_root):
     assert (tmp_path / "a-file").read_text() == "mine"
 
 
+def test_a_data_root_that_cannot_be_made(tmp_path, data_root):
+    """The loader's mkdir under a file said only "[Errno 20] Not a directory"; now the key is named."""
+    (tmp_path / "a-file").write_text("mine")
+    refused(tmp_path, data_root, [f"data_root={tmp_path / 'a-file' / 'data'}"],
+            f"data_root='{tmp_path / 'a-file' / 'data'}'; allowed: a directory normfl can make and write")
+
+
 def test_run_directory_states(tmp_path, data_root):
     """Defects 1 and 3: a refusal in a directory of a finished run keeps every record of it; a finished run
     (or checkpoint) of another config is refused, naming both configs; the same config is left alone."""

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from hydra.errors import InstantiationException
@@ -14,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normfl.algorithms.ef21 import EF21
 from normfl.config import READ_BESIDE, ConfigError, resolve_clients, validate_data
-from normfl.data import ClientData, Preprocess, client_test_split
+from normfl.data import ClientData, DataNotFoundError, Preprocess, client_test_split
 from normfl.data.clients import Batches
 from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick_device
 from normfl.engine.capture import CapturedRound
@@ -37,8 +38,14 @@ def build_data(cfg: DictConfig):
     try:
         ds = instantiate(ds_cfg)
     except InstantiationException as err:  # e.g. a split the data cannot give
-        if isinstance(err.__cause__, (FileNotFoundError, ConfigError)):     # a missing or bad data file
-            raise err.__cause__ from None
+        cause = err.__cause__
+        root, failed = Path(cfg.data_root).resolve(), Path(getattr(cause, "filename", None) or "/nowhere/at/all")
+        if (isinstance(cause, OSError) and not isinstance(cause, DataNotFoundError)
+                and (failed.is_relative_to(root) or root.is_relative_to(failed))):   # making or writing data_root
+            raise ConfigError("data_root", cfg.data_root, f"a directory normfl can make and write, where torchvision's "
+                              f"data and the caches go ({cause.strerror}: {cause.filename})") from None
+        if isinstance(cause, (FileNotFoundError, ConfigError)):     # a missing or bad data file
+            raise cause from None
         raise ConfigError("dataset", _kind(cfg.dataset), str(err.__cause__ or err)) from err
     full = len(ds.y_train), len(ds.y_test)             # the sizes before the limits, for the log line
     if cfg.dataset.train_limit or cfg.dataset.test_limit:
