@@ -101,8 +101,8 @@ def _validate_keys(cfg: DictConfig) -> None:
         _refuse_unknown(node, group, accepted, f"{group}={name}" if name else group)
     for group in OPTION_FILES:
         node, option = _get(cfg, group), _get(cfg, f"{group}.name")
-        if isinstance(node, DictConfig) and (path := CONF / group / f"{option}.yaml").is_file():
-            _refuse_unknown(node, group, sorted(OmegaConf.load(path)), f"{group}={option}")
+        if isinstance(node, DictConfig) and (keys := _option(group, str(option))):
+            _refuse_unknown(node, group, sorted(keys), f"{group}={option}")
     if isinstance(node := _get(cfg, "audit"), DictConfig) and "audit" in _root():
         _refuse_unknown(node, "audit", sorted(_root().audit), "audit")
 
@@ -257,14 +257,14 @@ def validate(cfg: DictConfig) -> None:
                               "local steps, or DP-SGD steps charged to a privacy budget)")
     if cfg.precision == "bf16" and cfg.device.name == "mps":
         raise ConfigError("precision", "bf16", "fp32 on mps (bf16 autocast needs a CPU or CUDA device)")
-    if cfg.precision == "tf32" and (device := pick_device(cfg.device.name).type) != "cuda":
-        raise ConfigError("precision", "tf32", f"fp32 or bf16 on {device} (TF32 is a mode of CUDA's matmuls and "
-                          "convolutions)")
     if cfg.precision == "bf16" and cfg.backend in ("vmap", "analytic"):
         raise ConfigError("precision", "bf16", f"fp32 with backend={cfg.backend} (bf16 autocast runs on "
                           "backend=sequential or stacked, between which auto then picks)")
     _choice(cfg, "device.name", ("auto", "cpu", "cuda", "mps"), optional=False)
-    pick_device(cfg.device.name)                      # a device this machine lacks is refused here
+    device = pick_device(cfg.device.name).type        # a device this machine lacks is refused here
+    if cfg.precision == "tf32" and device != "cuda":
+        raise ConfigError("precision", "tf32", f"fp32 or bf16 on {device} (TF32 is a mode of CUDA's matmuls and "
+                          "convolutions)")
     _choice(cfg, "logger.name", ("csv", "wandb"), optional=False)
     _choice(cfg, "logger.mode", ("offline", "online", "disabled"))
     for key in ("logger.project", "logger.entity"):
@@ -302,12 +302,11 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "privacy.neighbouring", RELATIONS, optional=False)
     _choice(cfg, "accountant.name", ("paper",) + ACCOUNTANTS, optional=False)
     _validate_calibration(cfg)
-    formula = cfg.privacy.calibration == "paper"
-    if (not formula and cfg.accountant.name == "rdp" and cfg.privacy.neighbouring == "replace"
+    if (cfg.privacy.calibration != "paper" and cfg.accountant.name == "rdp" and cfg.privacy.neighbouring == "replace"
             and cfg.privacy.amplification):
         raise ConfigError("accountant", "rdp", "pld for Poisson sampling under replace-one (dp-accounting's RDP "
                           "does not support it)")
-    if cfg.privacy.noise_on == "raw_delta" and not formula:
+    if cfg.privacy.noise_on == "raw_delta" and cfg.privacy.calibration != "paper":
         raise ConfigError("privacy.noise_on", "raw_delta", "scaled_message when calibrating with an accountant")
     _validate_privacy_reads(cfg)
 
@@ -428,13 +427,6 @@ PRIVATE_ALGOS = ("dp_normec, dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm wit
 FORMULA_KEYS = ("c", "log_base", "sqrt_covers_log", "K_plus_one", "K", "noise_on")   # the papers' noise formula's
 
 
-@functools.cache
-def privacy_defaults() -> dict:
-    """conf/privacy/default.yaml (empty where conf/ is not beside the package)."""
-    path = CONF / "privacy" / "default.yaml"
-    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
-
-
 def private(cfg: DictConfig) -> bool:
     """Whether the run adds noise: the Gaussian algorithms with algo.private, DP-SGD's, NormFedAvg's mechanisms."""
     target = _get(cfg, "algo._target_")
@@ -459,7 +451,7 @@ def _validate_privacy_reads(cfg: DictConfig) -> None:
         why = "with privacy.calibration=accountant (the accountant solves σ; this key is the papers' formula's)"
     else:
         reads, why = list(cfg.privacy), ""
-    for key, default in privacy_defaults().items():
+    for key, default in _option("privacy", "default").items():
         if key not in reads and _get(cfg, f"privacy.{key}", default) != default:
             raise ConfigError(f"privacy.{key}", cfg.privacy[key], f"{default} {why}")
     if "amplification" in reads and cfg.privacy.amplification and _get(cfg, "algo.p") in (None, 1, 1.0):
@@ -563,7 +555,7 @@ def _validate_audit(cfg: DictConfig) -> None:
         raise ConfigError("audit.canaries", n, "0 here: canaries audit the Gaussian mechanisms (dp_normec, "
                           "dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm algo.private=true, dpfl, ali_dpfl); the "
                           "discrete mechanisms of dp_normfedavg are audited per message (make audit)")
-    if not (_get(cfg, "algo.private") or target == "normfl.algorithms.DPFL"):       # DP-SGD is always private
+    if not private(cfg):                             # DP-SGD is always private; NormFedAvg is not AUDITED
         raise ConfigError("audit.canaries", n, "0 for a run without privacy (nothing to audit)")
 
 

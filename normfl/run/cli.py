@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normfl import checkpoint
 from normfl.config import config_key
+from normfl.errors import ConfigError
 from normfl.results import FINISHED, closing_line, record_failure, shown, write_atomic
 from normfl.run.training import INPUT_ERRORS, Stopped, run, signal_name
 
@@ -255,7 +256,7 @@ class SweepStop:
 
 def refuse_a_file(key: str, path) -> None:
     if Path(str(path)).exists() and not Path(str(path)).is_dir():
-        sys.exit(f"normfl: invalid config: {key}={str(path)!r}; allowed: a directory (this path is a file)")
+        sys.exit(f"normfl: {ConfigError(key, str(path), 'a directory (this path is a file)')}")
 
 
 class SweepReport(Callback):
