@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,6 +61,32 @@ def test_fashion_mnist_from_offline_copy(tmp_path):
     assert (len(again.y_train), len(again.y_test)) == (54000, 6000)
     tr, te = holdout_indices(60000, 0.1, 42)
     assert torch.equal(again.x_test, ds.x_train[te]) and torch.equal(again.y_train, ds.y_train[tr])
+
+
+def test_fashion_mnist_is_read_as_torchvision_reads_it_and_a_damaged_file_is_extracted_again(tmp_path):
+    """normfl reads torchvision's extracted idx files itself (importing torchvision costs about 2.5 s at every
+    start): the same tensors as torchvision's reader; a damaged or emptied file is named, and extracted again
+    from the offline copy's verified archives."""
+    from torchvision.datasets import FashionMNIST
+
+    need("FashionMNIST/raw")
+    ds = load_fashion_mnist(tmp_path, OFFLINE, download=False)
+    tr, te = (FashionMNIST(str(tmp_path), train=t, download=False) for t in (True, False))
+    assert torch.equal(ds.x_train, tr.data[:, None]) and torch.equal(ds.y_train, tr.targets.long())
+    assert torch.equal(ds.x_test, te.data[:, None]) and torch.equal(ds.y_test, te.targets.long())
+    raw = tmp_path / "FashionMNIST" / "raw"
+    assert [f.removesuffix(".gz") for f, _ in FashionMNIST.resources] == [
+        f for pair in sources.fashion_mnist.IDX_FILES for f in pair]
+    for name, damage, why in [("t10k-labels-idx1-ubyte", lambda b: b[:100], "holds 92 bytes of data"),
+                              ("train-images-idx3-ubyte", lambda b: b"", "is not an idx file"),
+                              ("t10k-images-idx3-ubyte", lambda b: b"\0\0\x0d\x03" + b[4:], "is not an idx file")]:
+        (raw / name).write_bytes(damage((raw / name).read_bytes()))
+        with pytest.raises(DataNotFoundError, match=f"{re.escape(str(raw))}: unusable \\({name} {why}"):
+            load_fashion_mnist(tmp_path, None, download=False)
+        again = load_fashion_mnist(tmp_path, OFFLINE, download=False)
+        assert again.source.endswith("(copied from " + str(OFFLINE / "FashionMNIST" / "raw") + ")")
+        assert torch.equal(again.x_train, ds.x_train) and torch.equal(again.y_test, ds.y_test)
+    assert not list(raw.glob(".*.tmp"))
 
 
 def test_fashion_mnist_not_found_lists_places(tmp_path):
@@ -164,6 +192,21 @@ def test_cifar_torchvision_copy_comes_first(tmp_path, monkeypatch):
     assert torch.equal(ds.x_train, torch.from_numpy(rows[:20]).view(20, 3, 32, 32))
     assert torch.equal(ds.x_test.flatten(1), torch.from_numpy(rows[20:]))
     assert ds.y_train.tolist() == labels[:20] and ds.y_test.dtype == torch.int64
+
+
+def test_the_datasets_load_without_importing_torchvision(cifar, data_root):
+    """torchvision costs about 2.5 s at the start of every run: it is imported only to download, to check an
+    offline copy the first time, or for torchvision's own CIFAR-10 files, whose names are checked here."""
+    from torchvision.datasets import CIFAR10
+
+    assert (sources.cifar10.TORCHVISION_FOLDER, sources.cifar10.TORCHVISION_URL) == (CIFAR10.base_folder, CIFAR10.url)
+    load_fashion_mnist(data_root, OFFLINE, download=False)               # the offline copy, extracted once
+    code = (f"import sys; from normfl.data import load_cifar10, load_fashion_mnist\n"
+            f"c = load_cifar10({str(cifar[0])!r}, {str(OFFLINE)!r}, download=False)\n"
+            f"f = load_fashion_mnist({str(data_root)!r}, {str(OFFLINE)!r}, download=False)\n"
+            "print(c.label, f.label, 'torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["CIFAR-10", "(JPEG", "copy)", "Fashion-MNIST", "False"], out.stderr[-2000:]
 
 
 def test_cifar_not_found_lists_places(tmp_path):

@@ -33,6 +33,10 @@ SHA256 = {  # the offline copy's files, as published with it (in the README.md b
     CIFAR10_LABELS: "2adcb621b226054b45ea498e5151b50747ee667e75829c059844e7b78f6b5196",
 }
 CIFAR10_CACHE = "cifar10-jpeg-cache.npz"
+# torchvision's layout and source, named here so that a run on the JPEG copy never imports torchvision (about
+# 2.5 s at every start); tests/test_data.py checks them against torchvision's own
+TORCHVISION_FOLDER = "cifar-10-batches-py"
+TORCHVISION_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 _CACHE_FORMAT = "normfl-cifar10-jpeg-v1"
 _JPEG_MEMBER = re.compile(r"(?:^|/)(train|test)/([a-z]+)/(\d+)\.jpg$")
 
@@ -48,15 +52,13 @@ def load_cifar10(
     std=(0.229, 0.224, 0.225),
 ) -> ArrayDataset:
     """CIFAR-10: torchvision under `root`, else a download, else the offline JPEG copy (cached in root)."""
-    from torchvision.datasets import CIFAR10
-
     check_split(split)
     root, offline, looked = Path(root).expanduser(), offline_path(offline_dir), []
     label, source = "CIFAR-10", f"torchvision:{root}"
     with root_lock(root, "cifar10"):  # one process prepares the data, the others wait
         arrays = _cifar_torchvision(root, looked)
         if arrays is None and try_download(
-            CIFAR10.url, download, lambda: CIFAR10(str(root), train=True, download=True), looked
+            TORCHVISION_URL, download, lambda: _torchvision_cifar10(root, True, download=True), looked
         ):
             arrays = _cifar_torchvision(root, looked)
         if arrays is None:
@@ -67,7 +69,7 @@ def load_cifar10(
             "CIFAR-10",
             looked,
             [
-                f"put torchvision's CIFAR-10 ({root / 'cifar-10-batches-py'}) under root, e.g. by running "
+                f"put torchvision's CIFAR-10 ({root / TORCHVISION_FOLDER}) under root, e.g. by running "
                 "torchvision.datasets.CIFAR10(root, download=True) on a machine with internet access",
                 "pass download=True on a machine that can reach www.cs.toronto.edu",
                 f"pass offline_dir (or set ${OFFLINE_ENV}) to a folder holding {CIFAR10_JPEG_ARCHIVE} and "
@@ -77,15 +79,19 @@ def load_cifar10(
     return make("cifar10", label, source, arrays, split, holdout_fraction, split_seed, mean, std)
 
 
-def _cifar_torchvision(root: Path, looked: list[str]):
+def _torchvision_cifar10(root: Path, train: bool, download: bool = False):
     from torchvision.datasets import CIFAR10
 
-    folder = root / CIFAR10.base_folder
+    return CIFAR10(str(root), train=train, download=download)
+
+
+def _cifar_torchvision(root: Path, looked: list[str]):
+    folder = root / TORCHVISION_FOLDER
     if not folder.is_dir():
         looked.append(f"{folder}: not found (torchvision CIFAR-10)")
         return None
     try:
-        tr, te = (CIFAR10(str(root), train=t, download=False) for t in (True, False))
+        tr, te = (_torchvision_cifar10(root, t) for t in (True, False))
     except RuntimeError as e:
         looked.append(f"{folder}: unusable ({e})")
         return None

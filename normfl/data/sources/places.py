@@ -99,6 +99,16 @@ def root_lock(root: Path, name: str):
             f.close()  # releases the lock
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a process killed mid-write leaves only its temporary file's name)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def save_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
