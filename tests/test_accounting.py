@@ -120,3 +120,15 @@ def test_no_pld_where_it_would_not_fit_in_memory():
     high = Ledger(GaussianRelease(0.5), 1e-5)
     assert high.spent(10)["pld"] is not None and high.spent(100_000)["pld"] is None
     assert high.spent(100_000)["rdp"] > 1000
+
+
+def test_the_orders_dp_accountings_rdp_drops_are_not_logged_and_other_warnings_are(caplog):
+    """At q = 0.2, z = 0.62 the series of the fractional orders below 2 does not converge: dp-accounting drops
+    them (ε is the minimum over the rest) and logged a warning for each, 90 lines in the README's first run."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        eps = GaussianRelease(0.62, 0.2, True).epsilon(100, 1e-5, "rdp")
+        logging.getLogger("absl").warning("another warning")
+    assert 0 < eps < float("inf")
+    assert [r.getMessage() for r in caplog.records if r.name == "absl"] == ["another warning"]
