@@ -282,8 +282,8 @@ def validate(cfg: DictConfig) -> None:
         _number(cfg, "algo.gamma", lambda v: v > 0, "a number > 0")
         _number(cfg, "algo.beta", lambda v: v > 0, "a number > 0")
     _number(cfg, "algo.alpha", lambda v: v >= 0, "a number >= 0", optional=True)
-    for key in ("p", "algo.p"):
-        _number(cfg, key, lambda v: 0 < v <= 1, "a number in (0, 1]", optional=True)
+    for key in ("p", "algo.p"):       # the weights q_i = 1/p are float32: a smaller p made them NaN, "diverged"
+        _number(cfg, key, lambda v: 1e-30 <= v <= 1, "a number in [1e-30, 1]", optional=True)
     if _get(cfg, "p") not in (None, 1, 1.0) and _get(cfg, "algo.p") is None:      # the algorithm would ignore it
         raise ConfigError("p", cfg.p, f"1.0 with algo={cfg.algo.name}, which lets every client take part each "
                           "round; the federated algorithms (fed_normec, dp_fed_normec, fedavg, dp_fedavg) sample "

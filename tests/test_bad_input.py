@@ -129,6 +129,8 @@ CONFIG = [
      "algo.cohort_size=2; allowed: null with algo.participation=bernoulli"),
     ("p with a cohort", ["algo=fed_normec", "algo.participation=cohort", "algo.cohort_size=2", "p=0.5"],
      "algo.p=0.5; allowed: 1.0 with algo.participation=cohort"),
+    ("p too small for its weights", ["algo=fed_normec", "p=1e-300"],      # 1/p in float32 was NaN: "diverged"
+     "p=1e-300; allowed: a number in [1e-30, 1]"),
     ("split seed null", ["dataset.split=holdout", "dataset.split_seed=null"],
      "dataset.split_seed=None; allowed: an integer in [0, 2^32)"),
     ("mean for colour images", ["dataset.mean=[0.5,0.5,0.5]", "dataset.std=[0.5,0.5,0.5]"],
