@@ -159,13 +159,17 @@ def main(argv=None) -> None:
                     help="dotted config keys, comma-separated (default: the keys that differ between the runs)")
     ap.add_argument("--out", type=Path, help="also write the table to this .md or .csv file")
     ap.add_argument("--plot", type=Path, help="draw a curve per run into this .png or .pdf file")
-    ap.add_argument("--metric", default="test_acc", help="the metrics.csv column to draw (default: test_acc)")
-    ap.add_argument("--x", default="round", help="the metrics.csv column on the x-axis (default: round)")
+    ap.add_argument("--metric", help="the metrics.csv column --plot draws (default: test_acc)")
+    ap.add_argument("--x", help="the metrics.csv column on --plot's x-axis (default: round)")
     args = ap.parse_args(argv)
     for flag, path, allowed in (("--out", args.out, OUT), ("--plot", args.plot, PLOT)):
         if path is not None and (path.suffix.lower() not in allowed or path.is_dir()):
             fail(f"invalid {flag}={path}{' (a directory)' if path.is_dir() else ''}; "
                  f"allowed: a file path ending in {' or '.join(allowed)}")
+    for flag, col in (("--metric", args.metric), ("--x", args.x)):
+        if col is not None and args.plot is None:
+            fail(f"invalid {flag}={col} without --plot; allowed: --plot FILE beside it (the table draws no curve)")
+    args.metric, args.x = args.metric or "test_acc", args.x or "round"
     for p in args.paths:
         if not Path(p).is_dir():
             fail(f"invalid path {p}: {'not a directory' if Path(p).exists() else 'no such directory'}")

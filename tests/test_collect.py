@@ -108,6 +108,7 @@ def test_diverged_and_failed_runs_have_a_status_and_no_accuracy(sweep, broken, t
     (["{sweep}", "--plot", "{tmp}/c.jpg"], 2, "invalid --plot={tmp}/c.jpg; allowed: a file path ending in .png"),
     (["{sweep}", "--by", "algo.bta"], 2, "invalid --by=algo.bta: no run's config has it; allowed: dotted"),
     (["{sweep}", "--plot", "{tmp}/c.png", "--metric", "acc"], 2, "invalid --metric=acc; allowed: a column of"),
+    (["{sweep}", "--x", "wall_time"], 2, "invalid --x=wall_time without --plot; allowed: --plot FILE beside it"),
 ])
 def test_bad_input_is_refused_in_one_line(sweep, tmp_path, capsys, args, code, message):
     names = {"missing": tmp_path / "nope", "empty": tmp_path / "empty", "sweep": sweep, "tmp": tmp_path}
