@@ -176,6 +176,12 @@ def compose(overrides: tuple[str, ...]) -> DictConfig:
 
 
 @functools.cache
+def key(overrides: tuple[str, ...]) -> str:
+    """The store key of the run these overrides make (once per process: the IDs' grids share many runs)."""
+    return config_key(compose(overrides))
+
+
+@functools.cache
 def _groups(overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose as hydra_compose
 
@@ -234,6 +240,6 @@ def jobs(name: str, profile: str) -> list[Job]:
     for point in grid_points(name, profile):
         overrides = point_overrides(point, profile)
         cfg = compose(tuple(overrides))
-        out.append(Job(point, overrides, config_key(cfg), cfg, method(point["experiment"], point)))
+        out.append(Job(point, overrides, key(tuple(overrides)), cfg, method(point["experiment"], point)))
     unique = {job.key: job for job in reversed(out)}          # blocks may overlap: first one wins
     return [job for job in out if unique[job.key] is job]
