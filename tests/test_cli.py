@@ -245,7 +245,7 @@ def test_ctrl_c_stops_a_joblib_sweep_its_running_jobs_checkpointed_and_the_print
     stop file, and the sweep exits 143."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "train.py", "-m", f"data_root={data_root}", *SMALL, "algo=normec", "clients=2",
-           "rounds=6000", "eval_every=500", "checkpoint_every=0", f"algo.beta={betas}", "algo.gamma=0.01,0.1",
+           "rounds=3000", "eval_every=500", "checkpoint_every=0", f"algo.beta={betas}", "algo.gamma=0.01,0.1",
            "hydra/launcher=joblib", f"hydra.launcher.n_jobs={workers}", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
