@@ -1,7 +1,7 @@
 """Datasets as in-memory tensors, batched transforms, client partitions and the clients' batch streams."""
 
 from normfl.data.clients import ClientData, Preprocess
-from normfl.data.partition import dirichlet, iid, label_histogram, natural, sampled_shards, shards
+from normfl.data.partition import dirichlet, iid, label_histogram, label_histogram_csv, natural, sampled_shards, shards
 from normfl.data.sources import (
     SPLITS,
     ArrayDataset,
@@ -30,6 +30,7 @@ __all__ = [
     "holdout_indices",
     "iid",
     "label_histogram",
+    "label_histogram_csv",
     "load_cifar10",
     "load_fashion_mnist",
     "load_npz",

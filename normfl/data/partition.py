@@ -123,11 +123,25 @@ def label_histogram(parts: list[np.ndarray], labels: np.ndarray, num_classes: in
     """DataFrame of per-client class counts (index "client", columns 0..C-1 and "total")."""
     import pandas as pd
 
-    labels = np.asarray(labels)
-    if len(labels) and labels.max() >= num_classes:
-        raise ValueError(f"num_classes={num_classes} but labels go up to {labels.max()}")
-    counts = np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+    counts = _class_counts(parts, labels, num_classes)
     df = pd.DataFrame(counts, columns=list(range(num_classes)))
     df["total"] = [len(p) for p in parts]
     df.index.name = "client"
     return df
+
+
+def label_histogram_csv(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> str:
+    """``label_histogram`` as CSV text (a run's partition.csv), without pandas: it takes 0.4 s to import, at
+    the start of every run."""
+    counts = _class_counts(parts, labels, num_classes)
+    rows = [",".join(["client", *map(str, range(num_classes)), "total"])]
+    sizes = [len(p) for p in parts]
+    rows += [",".join(map(str, [i, *row.tolist(), n])) for i, (row, n) in enumerate(zip(counts, sizes, strict=True))]
+    return "\n".join(rows) + "\n"
+
+
+def _class_counts(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
+    labels = np.asarray(labels)
+    if len(labels) and labels.max() >= num_classes:
+        raise ValueError(f"num_classes={num_classes} but labels go up to {labels.max()}")
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]).reshape(len(parts), num_classes)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 import normfl
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, resolve_clients, validate
-from normfl.data import label_histogram
+from normfl.data import label_histogram_csv
 from normfl.engine.batchnorm import tracked
 from normfl.engine.flat import device_name, numerics
 from normfl.ops import EVALUATION, round_generator
@@ -57,8 +57,8 @@ class Training:
                                       self.x.dtype, audit.get("mode", "sidecar"))
         # the algorithm's round, or that round captured whole (not in-band: a graph replays no canary's scoring)
         self.round = self.algo.round if self.audit and self.audit.inband else round_of(self.algo, self.clients)
-        label_histogram(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes).to_csv(
-            self.out_dir / "partition.csv")
+        (self.out_dir / "partition.csv").write_text(
+            label_histogram_csv(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes))
         self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
         self.bits = self.algo.bits_per_coord or 8 * self.x.element_size()
         self.upload_bytes = flat.dim * self.bits / 8
