@@ -214,7 +214,7 @@ def test_ctrl_c_after_the_run_has_ended_says_so(tmp_path):
 
 def test_a_run_that_is_not_private_starts_without_the_privacy_and_statistics_libraries(tmp_path, data_root):
     """dp-accounting and scipy take about a second to import; a run that neither accounts privacy nor audits it
-    (``make run``'s α-NormEC) must not pay for them at every start, nor any run for torchvision (2.5 s) once
+    (``make run``'s α-NormEC) must not pay for them at every start, nor any run for torchvision (about 2 s) once
     its data is in place, nor for pandas (0.4 s)."""
     from normfl.data import load_fashion_mnist
 
@@ -223,7 +223,8 @@ def test_a_run_that_is_not_private_starts_without_the_privacy_and_statistics_lib
             f"sys.argv = ['train.py', *{[*SMALL, 'algo=normec', 'rounds=2', f'data_root={data_root}']!r}, "
             f"'hydra.run.dir={tmp_path}']\n"
             "runpy.run_path('train.py', run_name='__main__')\n"
-            "print('loaded:', sorted(m for m in ('scipy', 'dp_accounting', 'torchvision', 'pandas') if m in sys.modules))\n")
+            "heavy = ('scipy', 'dp_accounting', 'torchvision', 'pandas')\n"
+            "print('loaded:', sorted(m for m in heavy if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "normfl: completed" in out.stdout, out.stderr[-2000:]
     assert out.stdout.splitlines()[-1] == "loaded: []"

@@ -64,7 +64,7 @@ def test_fashion_mnist_from_offline_copy(tmp_path):
 
 
 def test_fashion_mnist_is_read_as_torchvision_reads_it_and_a_damaged_file_is_extracted_again(tmp_path):
-    """normfl reads torchvision's extracted idx files itself (importing torchvision costs about 2.5 s at every
+    """normfl reads torchvision's extracted idx files itself (importing torchvision costs about 2 s at every
     start): the same tensors as torchvision's reader; a damaged or emptied file is named, and extracted again
     from the offline copy's verified archives."""
     from torchvision.datasets import FashionMNIST
@@ -195,7 +195,7 @@ def test_cifar_torchvision_copy_comes_first(tmp_path, monkeypatch):
 
 
 def test_the_datasets_load_without_importing_torchvision(cifar, data_root):
-    """torchvision costs about 2.5 s at the start of every run: it is imported only to download, to check an
+    """torchvision costs about 2 s at the start of every run: it is imported only to download, to check an
     offline copy the first time, or for torchvision's own CIFAR-10 files, whose names are checked here."""
     from torchvision.datasets import CIFAR10
 

@@ -34,7 +34,7 @@ SHA256 = {  # the offline copy's files, as published with it (in the README.md b
 }
 CIFAR10_CACHE = "cifar10-jpeg-cache.npz"
 # torchvision's layout and source, named here so that a run on the JPEG copy never imports torchvision (about
-# 2.5 s at every start); tests/test_data.py checks them against torchvision's own
+# 2 s at every start); tests/test_data.py checks them against torchvision's own
 TORCHVISION_FOLDER = "cifar-10-batches-py"
 TORCHVISION_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 _CACHE_FORMAT = "normfl-cifar10-jpeg-v1"

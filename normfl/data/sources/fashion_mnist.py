@@ -1,7 +1,7 @@
 """Fashion-MNIST: torchvision's copy, the offline idx files (copied into the root), or a download.
 
 The extracted idx files in torchvision's layout are read here, without importing torchvision (its import costs
-about 2.5 s at every start of a run); torchvision is imported only to check the offline copy against its
+about 2 s at every start of a run); torchvision is imported only to check the offline copy against its
 checksums the first time and to download."""
 
 from __future__ import annotations
