@@ -143,7 +143,9 @@ def test_collect_gathers_a_sweep_into_one_table(tmp_path, data_root):
 
 def test_sweep_through_submitit_launcher(tmp_path, data_root):
     """hydra/launcher=slurm is hydra-submitit-launcher's SLURM launcher with our defaults; the same
-    sweep runs through submitit's local executor, and a refused job does not stop the others."""
+    sweep runs through submitit's local executor, and a refused job does not stop the others. A refused job's
+    log handler, left pointing into its removed folder, failed the sweep when submitit logged the job's end:
+    a traceback, no report, and the jobs' own outcomes left behind."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -153,8 +155,10 @@ def test_sweep_through_submitit_launcher(tmp_path, data_root):
     assert (hc.cpus_per_task, hc.mem_gb, hc.timeout_min) == (4, 16, 360)
     assert hc.max_num_timeout == 3                        # a job at its time limit is requeued and resumes (issue 27.8)
 
-    train(data_root, *FMNIST, "rounds=2", "threads=1", "algo.gamma=0.1,-1", "hydra/launcher=submitit_local",
-          f"hydra.sweep.dir={tmp_path}", multirun=True, code=1)
+    out = train(data_root, *FMNIST, "rounds=2", "threads=1", "algo.gamma=0.1,-1", "hydra/launcher=submitit_local",
+                f"hydra.sweep.dir={tmp_path}", multirun=True, code=1)
+    assert "normfl sweep: 1 completed, 1 refused in " in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / ".normfl-jobs").exists()        # the sweep's report gathered the outcomes
     jobs = sorted(d.name for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit())
     assert jobs == ["0"]                                   # job 1 (gamma=-1) refused, no directory left
     assert json.loads((tmp_path / "0" / "summary.json").read_text())["status"] == "completed"

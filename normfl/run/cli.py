@@ -55,6 +55,7 @@ def main(cfg: DictConfig) -> dict | None:
         if not multirun:
             sys.exit(f"normfl: {err}")
         print(f"normfl: job {hc.job.num} refused: {err}", file=sys.stderr)    # no log file: nothing left
+        forget_log(out_dir)
         note(hc.sweep.dir, hc.job.num, overrides, "refused", out_dir)
         return {"status": "refused", "error": str(err)}
     except KeyboardInterrupt as err:            # Ctrl-C, or SIGTERM (``training.Stopped``): exit 128 + the signal
@@ -155,8 +156,22 @@ def not_started(sweep_dir, num, overrides: list[str], out_dir: Path) -> dict:
         out_dir.rmdir()
     except OSError:                             # not empty: an earlier run's, kept as it is
         pass
+    forget_log(out_dir)
     note(sweep_dir, num, overrides, "not started", out_dir if out_dir.is_dir() else None)
     return {"status": "not started"}
+
+
+def forget_log(out_dir: Path) -> None:
+    """Detach the job's log file (Hydra's handler, which opens it at its first line) once its folder is gone: a
+    line logged after the job (submitit's "Job completed successfully") made the handler open the file in the
+    missing folder, and that FileNotFoundError failed the whole sweep under the submitit and SLURM launchers."""
+    if out_dir.is_dir():
+        return
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out_dir.absolute():
+            root.removeHandler(handler)
+            handler.close()
 
 
 def note(sweep_dir, num, overrides: list[str], status: str, out_dir=None) -> None:
