@@ -25,8 +25,12 @@ def offline_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory) -> Path:
-    """One writable data root for the session, so CIFAR-10's JPEG copy is decoded once."""
-    return tmp_path_factory.mktemp("data")
+    """One writable data root for the whole suite, shared by pytest-xdist's workers (a loader locks the root
+    while it prepares the data there), so CIFAR-10's JPEG copy is decoded once."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "data"
+    root.mkdir(exist_ok=True)
+    return root
 
 
 @pytest.fixture(scope="session", autouse=True)
