@@ -144,4 +144,4 @@ def _class_counts(parts: list[np.ndarray], labels: np.ndarray, num_classes: int)
     labels = np.asarray(labels)
     if len(labels) and labels.max() >= num_classes:
         raise ValueError(f"num_classes={num_classes} but labels go up to {labels.max()}")
-    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]).reshape(len(parts), num_classes)
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])

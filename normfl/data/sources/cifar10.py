@@ -19,7 +19,7 @@ from normfl.data.sources.places import (
     not_found,
     offline_path,
     root_lock,
-    save_npz_atomic,
+    save_atomic,
     try_download,
 )
 
@@ -123,7 +123,7 @@ def _cifar_jpeg(root: Path, offline: Path | None, looked: list[str]):
     log.info("decoding %s once (about 10 s); cache: %s", archive, cache)
     data = decode_cifar10_jpeg(archive, labels)
     try:
-        save_npz_atomic(cache, format=np.array(_CACHE_FORMAT), **data)
+        save_atomic(cache, lambda f: np.savez(f, format=np.array(_CACHE_FORMAT), **data))
     except OSError as e:
         log.warning("could not write the cache %s: %s", cache, e)
     return _cifar_tensors(data), str(archive)

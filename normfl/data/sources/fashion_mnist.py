@@ -19,8 +19,8 @@ from normfl.data.sources.places import (
     not_found,
     offline_path,
     root_lock,
+    save_atomic,
     try_download,
-    write_bytes_atomic,
 )
 
 # torchvision's extracted files (in <root>/FashionMNIST/raw): (images, labels) of the train and the test split
@@ -48,20 +48,20 @@ def load_fashion_mnist(
         if arrays is None and offline is None:
             looked.append(no_offline_dir())
         elif arrays is None:
-            from torchvision.datasets import FashionMNIST
             from torchvision.datasets.utils import check_integrity
 
-            src = offline / "FashionMNIST" / "raw"
-            bad = [f for f, md5 in FashionMNIST.resources if not check_integrity(str(src / f), md5)]
+            src, resources = offline / "FashionMNIST" / "raw", _torchvision_fmnist().resources
+            bad = [f for f, md5 in resources if not check_integrity(str(src / f), md5)]
             if bad:
                 looked.append(f"{src}: missing or wrong md5: {', '.join(bad)} (offline copy)")
             else:
-                raw.mkdir(parents=True, exist_ok=True)
-                for f, md5 in FashionMNIST.resources:
+                for f, md5 in resources:
                     if not check_integrity(str(raw / f), md5):
-                        write_bytes_atomic(raw / f, (src / f).read_bytes())
+                        archive = (src / f).read_bytes()
+                        save_atomic(raw / f, lambda out, b=archive: out.write(b))
                     # the archives are verified; what was extracted before was not (missing or damaged)
-                    write_bytes_atomic(raw / f.removesuffix(".gz"), gzip.decompress((raw / f).read_bytes()))
+                    idx = gzip.decompress((raw / f).read_bytes())
+                    save_atomic(raw / f.removesuffix(".gz"), lambda out, b=idx: out.write(b))
                 arrays = _fmnist_torchvision(root, looked)
                 source = f"torchvision:{root} (copied from {src})"
         if arrays is None and try_download(

@@ -10,10 +10,9 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
-
-import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -99,22 +98,14 @@ def root_lock(root: Path, name: str):
             f.close()  # releases the lock
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all (a process killed mid-write leaves only its temporary file's name)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def save_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
+def save_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` through ``write(file)`` whole or not at all: into a temporary file beside it, then renamed
+    (a process killed mid-write leaves at most that temporary file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            write(f)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
