@@ -162,11 +162,10 @@ def not_started(sweep_dir, num, overrides: list[str], out_dir: Path) -> dict:
 
 
 def forget_log(out_dir: Path) -> None:
-    """Detach the job's log file (Hydra's handler, which opens it at its first line) once its folder is gone: a
-    line logged after the job (submitit's "Job completed successfully") made the handler open the file in the
-    missing folder, and that FileNotFoundError failed the whole sweep under the submitit and SLURM launchers."""
-    if out_dir.is_dir():
-        return
+    """Detach the log file of a job that did not run (Hydra's handler, which opens it at its first line): a line
+    logged after the job (submitit's "Job completed successfully") made the handler open it in the folder the
+    refusal removed, and that FileNotFoundError failed the whole sweep under the submitit and SLURM launchers;
+    where the folder stays (an earlier run's), the line went into that run's log."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out_dir.absolute():
