@@ -239,7 +239,7 @@ def jobs(name: str, profile: str) -> list[Job]:
     out = []
     for point in grid_points(name, profile):
         overrides = point_overrides(point, profile)
-        cfg = compose(tuple(overrides))
-        out.append(Job(point, overrides, key(tuple(overrides)), cfg, method(point["experiment"], point)))
+        out.append(Job(point, overrides, key(tuple(overrides)), compose(tuple(overrides)),
+                       method(point["experiment"], point)))
     unique = {job.key: job for job in reversed(out)}          # blocks may overlap: first one wins
     return [job for job in out if unique[job.key] is job]
