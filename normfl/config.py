@@ -581,6 +581,9 @@ NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "da
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
                 "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False, "algo.scale_to_unit": False,
                 "algo_seed": None}
+# A fixed-τ DPFL run never chooses τ: its key holds these options at their defaults whatever is set
+ADAPTIVE_ONLY = {"algo.tau_rule": "g_bound_v1", "algo.T_mode": "static", "algo.tau_cap": 100,
+                 "algo.lambda_const": None, "algo.omega_const": None}
 # Where the data lives is not what a run computes: the key holds these paths as the defaults' text whatever
 # they resolve to ($NORMFL_DATA, data_root=..., a GPU box's copy), so keys made before this stand
 KEY_PATHS = {"dataset.root": "data", "dataset.offline_dir": "../shared/data"}
@@ -603,6 +606,10 @@ def config_key(cfg: DictConfig) -> str:
         node, last = _holder(data, key)
         if node is not None and node[last] == default:
             del node[last]
+    for key, default in ADAPTIVE_ONLY.items():
+        node, last = _holder(data, key)
+        if node is not None and node.get("adaptive") is False:
+            node[last] = default
     for key, text in KEY_PATHS.items():
         node, last = _holder(data, key)
         if node is not None:

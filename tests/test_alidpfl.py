@@ -99,3 +99,35 @@ def test_bad_dpfl_settings_are_refused(overrides, key):
     with pytest.raises(ConfigError) as err:
         validate(cfg_with("experiment=alidpfl_fmnist", *overrides))
     assert err.value.key == key
+
+
+def test_closed_form_takes_the_codes_estimates(monkeypatch):
+    """The authors' code: μ̂ from the last local step's length ||w_after − w_before|| (its ``grad_diff`` subtracts
+    parameters), Γ̂ from the loss before and after that step, B̂ = ⌊q·min|D_i|⌋ even with a divisor (reading C-A1)."""
+    import normfl.algorithms.alidpfl as ali
+
+    seen, steps = [], []
+    estimates = ali.code_estimates
+    monkeypatch.setattr(ali, "code_estimates", lambda *args: seen.append(args) or estimates(*args))
+    local = ali.local_dpsgd
+    monkeypatch.setattr(ali, "local_dpsgd", lambda *args: steps.append(local(*args)) or steps[-1])
+    centers = torch.arange(6, dtype=torch.float64).reshape(3, 2)
+    loss = lambda X: 1.5 * ((X - centers) ** 2).sum(-1)                      # noqa: E731 F_i, ∇F_i = 3(X − b_i):
+    monkeypatch.setattr(Clients, "grads", lambda self, X, batches: (3 * (X - centers), loss(X)))  # Δ∇F = 3Δw
+    algo = DPFL(adaptive=True, tau_rule="closed_form_code", divisor=64, sigma=1.1, rc_override=50)
+    run(algo, 3, 1.55, sizes=[100, 70, 90])
+    assert algo.selector.batch_hat == 1 and len(seen) == 3                   # ⌊0.015·70⌋, not the divisor 64
+    for (_, step_norms, _, loss_diffs), (W, _, _, before) in zip(seen, steps, strict=True):
+        assert step_norms == pytest.approx(torch.linalg.vector_norm(W - before, dim=1).tolist())
+        assert loss_diffs == pytest.approx((loss(W) - loss(before)).tolist())
+
+
+def test_a_fixed_tau_key_leaves_out_the_tau_rule_an_adaptive_one_keeps_it():
+    from normfl.config import config_key
+
+    def key(*overrides):
+        return config_key(cfg_with("experiment=alidpfl_fmnist", *overrides))
+
+    assert key("algo=dpfl", "algo.tau_rule=closed_form_code", "algo.tau_cap=7") == key("algo=dpfl")
+    assert key("algo=ali_dpfl", "algo.tau_rule=closed_form_code") != key("algo=ali_dpfl")
+    assert key("algo=dpfl", "algo.tau=3") != key("algo=dpfl")

@@ -70,14 +70,16 @@ class DPFL(Algorithm):
 
     def _start(self, clients: Clients, device, dtype) -> None:
         """What needs the clients' shard sizes: the weights |D_i|/|D|, the divisors and the selector."""
-        sizes = torch.tensor([len(p) for p in clients.data.parts], dtype=dtype, device=device)
+        counts = [len(p) for p in clients.data.parts]
+        sizes = torch.tensor(counts, dtype=dtype, device=device)
         self.weights = sizes / sizes.sum()
         m = self.mech
         self.batch = m.rate * sizes if self.divisor is None else torch.full_like(sizes, self.divisor)
         if self.adaptive:
             noise = noise_constant(self.dim, m.sigma, m.clip, float(self.batch.min()))
-            self.selector = TauSelector(self.lr, noise, self.R_s, self.R_c, clip=m.clip, sigma=m.sigma,
-                                        dim=self.dim, batch_hat=int(self.batch.min()), **self.selector_args)
+            hat_b = int(m.rate * min(counts))                                   # B̂ = ⌊q·min|D_i|⌋, divisor or not
+            self.selector = TauSelector(self.lr, noise, self.R_s, self.R_c, clip=m.clip, sigma=m.sigma, dim=self.dim,
+                                        batch_hat=hat_b, **self.selector_args)
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
         if k == 0:
@@ -97,16 +99,17 @@ class DPFL(Algorithm):
         """Lines 4, 17-19 on each client's last batch S_i (clients with an empty S_i sit out).
 
         ``g_bound_v1``: ρ_i, β_i from the local model against the new global model, and ∇F_i, F_i at
-        the new global model. ``closed_form_code``: μ̂, Γ̂ from the last local step (the model before
-        it against the one after it) and the distance to the new global model."""
+        the new global model. ``closed_form_code``: μ̂ from the last local step's length against the
+        distance to the new global model, Γ̂ from the loss before and after that step."""
         keep = [i for i, b in enumerate(last) if len(b[1]) > 0]
         pieces = [[last[i]] for i in keep]
         w = (self.weights[keep] / self.weights[keep].sum()).tolist()
         dist = torch.linalg.vector_norm(W[keep] - x_new, dim=1).clamp_min(1e-12)
         g_local, l_local = clients.grads(W[keep], pieces)
         if self.selector.rule == "closed_form_code":
-            g_prev, l_prev = clients.grads(before[keep] if before.dim() == 2 else before, pieces)
-            mu, gamma = code_estimates(w, torch.linalg.vector_norm(g_local - g_prev, dim=1).tolist(),
+            start = before[keep] if before.dim() == 2 else before
+            _, l_prev = clients.grads(start, pieces)
+            mu, gamma = code_estimates(w, torch.linalg.vector_norm(W[keep] - start, dim=1).tolist(),
                                        dist.tolist(), (l_local - l_prev).tolist())
             est = Estimates(mu=mu, gamma=gamma)
         else:

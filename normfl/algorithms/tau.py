@@ -233,24 +233,26 @@ def weighted_estimates(weights: Sequence[float], rho_i: Sequence[float], beta_i:
     )
 
 
-def code_estimates(weights: Sequence[float], grad_diff_norms: Sequence[float], model_diff_norms: Sequence[float],
+def code_estimates(weights: Sequence[float], step_norms: Sequence[float], model_diff_norms: Sequence[float],
                    loss_diffs: Sequence[float]) -> tuple[float, float]:
     """(μ̂, Γ̂) of the ``closed_form_code`` rule (reading C-A1: the authors' code, not the paper); ``weights`` are
     normalised to p_i.
 
-    - μ̂ = Σ_i p_i·||Δgrad_i|| / (||w_i − w_new|| + 1e-6)  ("strong-convexity" estimate);
+    - μ̂ = Σ_i p_i·||Δw_i|| / (||w_i − w_new|| + 1e-6)  (the code's "strong-convexity" estimate, ``compute_mu``);
     - Γ̂ = |Σ_i p_i·ΔF_i|.
 
-    In the authors' code, on client i's last batch of the round: Δgrad_i = ∇F_i(after) − ∇F_i(before) and
-    ΔF_i = F_i(after) − F_i(before), "before"/"after" being the local model before/after the last local step;
-    ||w_i − w_new|| is the distance of the client's model to the new global model.
+    What the authors' code computes (XinpengLing/ALI-DPFL): on client i's last batch of the round,
+    ΔF_i = F_i(after) − F_i(before), "before"/"after" being the local model before/after the last local step
+    (clientalidpfl.py lines 77-103). Its ``grad_diff`` is not a gradient difference: ``sub_model`` subtracts the
+    two copies' parameters (serveralidpfl.py lines 66-75, called at line 250), so ||Δw_i|| = ||w_after − w_before||,
+    the length of that last step. ||w_i − w_new|| is the distance of the client's model to the new global model.
     """
     p = _probabilities(weights)
-    gd = np.asarray(grad_diff_norms, dtype=np.float64)
+    gd = np.asarray(step_norms, dtype=np.float64)
     md = np.asarray(model_diff_norms, dtype=np.float64)
     ld = np.asarray(loss_diffs, dtype=np.float64)
     if not (gd.size == md.size == ld.size == p.size):
-        raise ValueError("weights, grad_diff_norms, model_diff_norms and loss_diffs must have one entry per client")
+        raise ValueError("weights, step_norms, model_diff_norms and loss_diffs must have one entry per client")
     mu = float(p @ (gd / (md + 1e-6)))
     gamma = float(abs(p @ ld))
     return mu, gamma
