@@ -525,9 +525,6 @@ def _validate_dpfl(cfg: DictConfig) -> None:
     if cfg.algo.adaptive:
         _unread(cfg, "algo.tau", f"with algo.adaptive=true ({cfg.algo.name} chooses τ each round; algo=dpfl fixes it)",
                 default=1)
-    else:
-        for key in ("tau_rule", "T_mode", "tau_cap", "lambda_const", "omega_const"):
-            _unread(cfg, f"algo.{key}", "with algo.adaptive=false (ALI-DPFL's τ search alone reads it)")
     if cfg.oracle != "minibatch":
         raise ConfigError("oracle", cfg.oracle, f"minibatch with algo={cfg.algo.name} (its batches are Poisson "
                           "samples at algo.sample_rate)")
@@ -581,7 +578,8 @@ NOT_IN_KEY = ("hydra", "threads", "progress", "backend", "device", "logger", "da
 KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "eval_subset": None,
                 "algo.divisor": None, "dataset.scale": "unit", "partition.capped": False, "algo.scale_to_unit": False,
                 "algo_seed": None}
-# A fixed-τ DPFL run never chooses τ: its key holds these options at their defaults whatever is set
+# A fixed-τ DPFL run never chooses τ: it accepts these options unread (an experiment sets them for its ALI-DPFL
+# runs, as experiment=alidpfl_authors_code does the τ rule) and its key holds them at their defaults
 ADAPTIVE_ONLY = {"algo.tau_rule": "g_bound_v1", "algo.T_mode": "static", "algo.tau_cap": 100,
                  "algo.lambda_const": None, "algo.omega_const": None}
 # Where the data lives is not what a run computes: the key holds these paths as the defaults' text whatever

@@ -122,12 +122,19 @@ def test_closed_form_takes_the_codes_estimates(monkeypatch):
         assert loss_diffs == pytest.approx((loss(W) - loss(before)).tolist())
 
 
-def test_a_fixed_tau_key_leaves_out_the_tau_rule_an_adaptive_one_keeps_it():
+def test_a_fixed_tau_run_accepts_the_tau_rule_unread_and_its_key_leaves_it_out():
+    """experiment=alidpfl_authors_code sets the code's τ rule for its ALI-DPFL runs and hosts fixed-τ runs too."""
     from normfl.config import config_key
 
     def key(*overrides):
-        return config_key(cfg_with("experiment=alidpfl_fmnist", *overrides))
+        cfg = cfg_with("experiment=alidpfl_fmnist", *overrides)
+        validate(cfg)
+        return config_key(cfg)
 
     assert key("algo=dpfl", "algo.tau_rule=closed_form_code", "algo.tau_cap=7") == key("algo=dpfl")
     assert key("algo=ali_dpfl", "algo.tau_rule=closed_form_code") != key("algo=ali_dpfl")
     assert key("algo=dpfl", "algo.tau=3") != key("algo=dpfl")
+    for algo in ("algo=dpfl", "algo=ali_dpfl"):
+        cfg = cfg_with("experiment=alidpfl_authors_code", algo)
+        validate(cfg)
+        assert cfg.algo.tau_rule == "closed_form_code"

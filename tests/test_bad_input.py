@@ -159,8 +159,6 @@ CONFIG = [
      "logger.project='a/b'; allowed: a name without"),
     # an algorithm's key that its setting leaves unread
     ("tau of ALI-DPFL", ["algo=ali_dpfl", "algo.tau=5"], "algo.tau=5; allowed: 1 with algo.adaptive=true"),
-    ("adaptive-only key of DPFL", ["algo=dpfl", "algo.lambda_const=0.5"],
-     "algo.lambda_const=0.5; allowed: null with algo.adaptive=false"),
     ("full gradient for DP-SGD", ["algo=dpfl", "oracle=full"], "oracle='full'; allowed: minibatch with algo=dpfl"),
     ("local steps of an incremental pass", ["algo=fed_normec", "algo.local_operator=ig", "algo.local_steps=5"],
      "algo.local_steps=5; allowed: 1 with algo.local_operator=ig"),

@@ -36,8 +36,8 @@ CONF = ROOT / "conf"
 
 OPTIONAL_PROFILES = {  # profiles only some run groups define, and what they read differently from the paper's
     "text": "a round read literally, one minibatch step per client; reading A2",
-    "code": "the ALI-DPFL authors' code as it runs: experiment=alidpfl_authors_code, their split, divisor 64 "
-            "and 20% test subsets; Fashion-MNIST only",
+    "code": "the ALI-DPFL authors' code as it runs: experiment=alidpfl_authors_code, their split, divisor 64, "
+            "closed-form τ rule and 20% test subsets; Fashion-MNIST only",
 }
 
 

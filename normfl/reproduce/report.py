@@ -24,7 +24,7 @@ is measured here (2 CPU cores, no GPU) by the command shown. Profiles:
   per client, 300 steps, evaluated every 10 rounds. The runs made here before the paper profile
   took the pass reading are this profile's.
 - **code** (ALI-DPFL's Fashion-MNIST cells only): the authors' public code as it runs
-  (`experiment=alidpfl_authors_code`): their split, divisor and evaluation, each a named option.
+  (`experiment=alidpfl_authors_code`): their split, divisor, τ rule and evaluation, each a named option.
 - **quick**: a scaled version for this CPU (fewer rounds, grid points and seeds; a test subset),
   set by the grids' `quick:` lists and the run groups' profiles (`normfl/reproduce/grids/`,
   `groups.yaml`). Its numbers are not compared with the paper's.
