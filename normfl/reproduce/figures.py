@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -18,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from normfl.reproduce import jobs, records, store  # noqa: E402
@@ -117,7 +119,8 @@ def markdown_table(table: pd.DataFrame) -> str:
 def _save(fig, path: Path, title: str, note: str, suffixes=(".png", ".pdf")) -> list[Path]:
     """Title ``fig``, write it as ``path`` with each of ``suffixes`` and close it (also ``normfl.collect``'s)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.suptitle(f"{title}\n{note.replace('**', '')}", fontsize=8)
+    width = int(fig.get_figwidth() * 15)                # characters of 8 pt type across the figure
+    fig.suptitle("\n".join([title, *textwrap.wrap(note.replace("**", ""), width)]), fontsize=8)
     fig.tight_layout()
     out = [path.with_suffix(s) for s in suffixes]
     for p in out:                        # no timestamps: a redraw of the same runs is byte-identical
@@ -349,16 +352,27 @@ def acc_vs_tau(target, df, profile):
 
 
 def tau_lists(target, df, profile):
-    """ALI Fig. 6: the τ ALI-DPFL chose in each round, one line per (dataset, ε, R_s)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """ALI Fig. 6: the τ ALI-DPFL chose in each round, a panel per (dataset, R_s/R_c) and a line per ε."""
+    done = df[df.status == "completed"]
+    panels = sorted({(r.dataset, _ali_ratio(r.epsilon, r.rounds)) for r in done.itertuples()})
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 3.6), squeeze=False)
     rows = []
-    for r in df[df.status == "completed"].itertuples():
+    for r in done.itertuples():
         m = curve(r.dir).dropna(subset=["tau"])
-        ax.step(m["round"], m.tau, where="post", label=f"{r.dataset} ε={r.epsilon} R_s={r.rounds}")
+        panel = (r.dataset, _ali_ratio(r.epsilon, r.rounds))
+        axes[0, panels.index(panel)].step(m["round"], m.tau, where="post", label=f"ε={r.epsilon} R_s={r.rounds}")
         rows.append({"dataset": r.dataset, "epsilon": r.epsilon, "R_s": r.rounds,
                      "tau list": " ".join(str(int(t)) for t in m.tau), "steps": int(m.steps_total.iloc[-1])})
-    ax.set_xlabel("communication round"), ax.set_ylabel("τ*"), ax.legend(fontsize=6)
+    for ax, (dataset, ratio) in zip(axes[0], panels, strict=False):
+        ax.set_title(f"{dataset}, {ratio}", fontsize=9), ax.legend(fontsize=7)
+        ax.set_xlabel("communication round"), ax.set_ylabel("τ*"), ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     return pd.DataFrame(rows), _comparison([]), fig
+
+
+def _ali_ratio(epsilon: float, rounds: int) -> str:
+    """Condition II's ratio of R_s to the R_c the paper states for ε (ALI Sec. VI-B): "R_s = R_c/2" or "R_c/5"."""
+    rc = paper_value("ALIDPFL-TEXT6B", column=f"epsilon={float(epsilon)!r}", default=None)
+    return f"R_s = R_c/{round(rc / rounds)}" if rc else f"R_s = {rounds}"
 
 
 def transmissions(target, df, profile):
