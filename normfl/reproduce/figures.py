@@ -332,7 +332,7 @@ def _ali_column(dataset: str, block: str, epsilon: float) -> str:
 def _ali_block(epsilon: float, rounds: int) -> str:
     """Table II's blocks: R_s = R_c, or R_s above R_c (the paper's "R_s = 2R_c"); R_c as ALI Sec. VI-B
     states it for each ε. Tables III and IV have one block each (empty label)."""
-    rc = paper_value("ALIDPFL-TEXT6B", column=f"epsilon={float(epsilon)!r}", default=None)
+    rc = _paper_rc(epsilon)
     if rc is None or rounds < rc:
         return ""
     return "R_s=R_c" if rounds == rc else "R_s=2R_c"
@@ -354,13 +354,14 @@ def acc_vs_tau(target, df, profile):
 def tau_lists(target, df, profile):
     """ALI Fig. 6: the τ ALI-DPFL chose in each round, a panel per (dataset, R_s/R_c) and a line per ε."""
     done = df[df.status == "completed"]
-    panels = sorted({(r.dataset, _ali_ratio(r.epsilon, r.rounds)) for r in done.itertuples()})
+    done = done.assign(ratio=[_ali_ratio(r.epsilon, r.rounds) for r in done.itertuples()])
+    panels = sorted(set(zip(done.dataset, done.ratio, strict=True)))
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 3.6), squeeze=False)
     rows = []
     for r in done.itertuples():
         m = curve(r.dir).dropna(subset=["tau"])
-        panel = (r.dataset, _ali_ratio(r.epsilon, r.rounds))
-        axes[0, panels.index(panel)].step(m["round"], m.tau, where="post", label=f"ε={r.epsilon} R_s={r.rounds}")
+        ax = axes[0, panels.index((r.dataset, r.ratio))]
+        ax.step(m["round"], m.tau, where="post", label=f"ε={r.epsilon} R_s={r.rounds}")
         rows.append({"dataset": r.dataset, "epsilon": r.epsilon, "R_s": r.rounds,
                      "tau list": " ".join(str(int(t)) for t in m.tau), "steps": int(m.steps_total.iloc[-1])})
     for ax, (dataset, ratio) in zip(axes[0], panels, strict=False):
@@ -370,9 +371,14 @@ def tau_lists(target, df, profile):
 
 
 def _ali_ratio(epsilon: float, rounds: int) -> str:
-    """Condition II's ratio of R_s to the R_c the paper states for ε (ALI Sec. VI-B): "R_s = R_c/2" or "R_c/5"."""
-    rc = paper_value("ALIDPFL-TEXT6B", column=f"epsilon={float(epsilon)!r}", default=None)
+    """Condition II's ratio of R_s to the paper's R_c for ε: "R_s = R_c/2" or "R_s = R_c/5"."""
+    rc = _paper_rc(epsilon)
     return f"R_s = R_c/{round(rc / rounds)}" if rc else f"R_s = {rounds}"
+
+
+def _paper_rc(epsilon: float) -> float | None:
+    """The R_c (DP-SGD steps) that ALI Sec. VI-B states ε supports; None for an ε it does not name."""
+    return paper_value("ALIDPFL-TEXT6B", column=f"epsilon={float(epsilon)!r}", default=None)
 
 
 def transmissions(target, df, profile):
