@@ -15,6 +15,7 @@ import tarfile
 import threading
 import time
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -58,7 +59,7 @@ def clone(tmp_path, monkeypatch):
 def test_a_run_is_packed_once_and_a_differing_record_is_refused(clone, data_root, tmp_path):
     store = clone("a")
     j = job(data_root, "rounds=5")
-    assert campaign.run([j], store, 300, threads=1, out=tmp_path / "a.tar.gz") == tmp_path / "a.tar.gz"
+    assert campaign.run([j], store, 300, threads=1, out=tmp_path / "a.tar.gz") == [tmp_path / "a.tar.gz"]
     rec = records.RECORDS / j.key
     assert sorted(p.name for p in rec.iterdir()) == sorted(records.FILES)
     assert records.pack(store / j.key) == "same"
@@ -117,7 +118,7 @@ def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(sta
     store = clone("a")                                               # a budget that stops the runs part-way
     with monkeypatch.context() as m:
         m.setattr(subprocess, "Popen", CutMidRun)
-        archive = campaign.run(js, store, 600, threads=1, checkpoints=True, out=tmp_path / "a.tar.gz", stack=stack)
+        [archive] = campaign.run(js, store, 600, threads=1, checkpoints=True, out=tmp_path / "a.tar.gz", stack=stack)
     for i in js:
         assert not (records.RECORDS / i.key).exists()
         assert f"store/{i.key}/checkpoint.pt" in tarfile.open(archive).getnames()
@@ -127,7 +128,7 @@ def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(sta
     store = clone("b")                                               # adopted into another clone, continued
     assert campaign.adopt(archive, store) == 0 and (store / j.key / "checkpoint.pt").exists()
     assert campaign.adopt(archive, store) == 0                       # adopting twice changes nothing
-    final = campaign.run(js, store, 600, threads=1, out=tmp_path / "b.tar.gz", stack=stack)
+    [final] = campaign.run(js, store, 600, threads=1, out=tmp_path / "b.tar.gz", stack=stack)
     for i, w in zip(js, whole, strict=True):
         assert records.differences(records.contents(w), records.contents(records.RECORDS / i.key)) == []
     assert campaign.adopt(final, store) == 0                         # its own record again: the same
@@ -141,6 +142,40 @@ def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(sta
         tar.add(bad / "records", arcname="records")
     assert campaign.adopt(tmp_path / "bad.tar.gz", store) == 1
     assert records.differences(records.contents(whole[0]), records.contents(records.RECORDS / j.key)) == []
+
+
+def test_an_archive_over_the_limit_comes_in_parts_and_a_checkpoint_too_big_is_named(clone, tmp_path, monkeypatch):
+    """A GPU box hands back files of at most ARCHIVE_MAX: records first, then checkpoints fill parts of at most
+    that size (a.tar.gz, a-2.tar.gz, ...); a checkpoint bigger than a part is left out and said so; adopting
+    the parts brings every checkpoint over."""
+    monkeypatch.setattr(campaign, "ARCHIVE_MAX", 64 * 2**10)
+    rng = np.random.default_rng(0)
+    store = clone("gpu")
+    done = [Job({}, [], f"normec-rec{i}", None) for i in range(3)]
+    for j in done:
+        records.RECORDS.joinpath(j.key).mkdir(parents=True)
+        (records.RECORDS / j.key / "summary.json").write_bytes(rng.bytes(1000))
+    sizes = (40, 40, 100, 16)                                         # KiB
+    stopped = [Job({}, [], f"normec-ckpt{i}", None) for i in range(len(sizes))]
+    for j, kib in zip(stopped, sizes, strict=True):
+        (j.dir(store) / ".hydra").mkdir(parents=True)
+        (j.dir(store) / "checkpoint.pt").write_bytes(rng.bytes(kib << 10))      # weights do not compress
+        (j.dir(store) / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    lines = []
+    paths = campaign.archive(done, stopped, store, tmp_path / "a.tar.gz", log=lines.append)
+    assert paths == [tmp_path / "a.tar.gz", tmp_path / "a-2.tar.gz"]
+    assert all(p.stat().st_size <= campaign.ARCHIVE_MAX for p in paths)
+    names = [tarfile.open(p).getnames() for p in paths]
+    assert [n for n in names[0] if n.count("/") == 1] == [f"records/{j.key}" for j in done]
+    assert [n for n in names[0] if n.endswith(".pt")] == ["store/normec-ckpt0/checkpoint.pt"]
+    assert [n for n in names[1] if n.endswith(".pt")] == [f"store/normec-ckpt{i}/checkpoint.pt" for i in (1, 3)]
+    assert len(lines) == 1 and "store/normec-ckpt2/checkpoint.pt: 0.1 MiB" in lines[0]
+    assert campaign.parts_there(tmp_path / "a.tar.gz") == [tmp_path / "a-2.tar.gz", tmp_path / "a.tar.gz"]
+    assert campaign.archive([], [], store, tmp_path / "none.tar.gz") == []
+
+    home = clone("home")                                    # (the stand-in records are refused: not real ones)
+    assert sum(campaign.adopt(p, home, log=lines.append) for p in paths) == len(done)
+    assert sorted(d.name for d in home.iterdir()) == ["normec-ckpt0", "normec-ckpt1", "normec-ckpt3"]
 
 
 @pytest.mark.parametrize("driver", ["run", "campaign"])

@@ -370,6 +370,10 @@ def test_the_drivers_bad_options_are_refused_before_any_work(argv, match, tmp_pa
     (["campaign", "normfedavg-t3", "--retry-failed"], r"--retry-failed=True; allowed: only with run"),
     (["campaign", "normfedavg-t3", "--budget", "0s", "--store", "{tmp}/store"], r"--budget='0s'; allowed: a "
      "duration above zero"),
+    (["campaign", "normfedavg-t3", "--archive", "{tmp}/file"], r"--archive='.*file'; allowed: a path where no "
+     "archive is yet"),
+    (["campaign", "normfedavg-t3", "--archive", "{tmp}/c.tar.gz"], r"--archive='.*c.tar.gz'; allowed: a path where no "
+     "archive is yet \\(.*c-2.tar.gz is there"),
     (["report", "--store", "{tmp}/nosuch"], r"--store='.*nosuch'; allowed: an existing run store directory"),
     (["run", "normfedavg-t3", "--dry-run", "--store", "{tmp}/file"], r"--store='.*file'; allowed: an existing run "
      "store directory"),
@@ -380,6 +384,7 @@ def test_an_option_or_name_a_command_does_not_read_is_refused(argv, match, tmp_p
     from normfl.reproduce.__main__ import main
 
     (tmp_path / "file").write_text("")
+    (tmp_path / "c-2.tar.gz").write_text("")                 # a part of an earlier archive
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises(ConfigError, match=match):
         main([a.format(tmp=tmp_path) for a in argv])

@@ -1,7 +1,7 @@
 """Reproduce the papers' figures and tables: ``python -m normfl.reproduce <command> ...``.
 
     run IDS...      train the missing runs of each ID's grid, then draw its figure/table
-    campaign IDS... train their missing runs within --budget, record them, and write one archive of them
+    campaign IDS... train their missing runs within --budget, record them, and write an archive of them
     record          add the store's finished runs to the committed records (outputs/records)
     figures [IDS]   draw figures/tables from stored runs only (all IDs by default)
     report          write REPRODUCTION.md from stored runs
@@ -150,14 +150,21 @@ def main(argv=None) -> None:
             raise ConfigError("--budget", args.budget, "a duration such as 90s, 25m or 2h") from err
         if budget <= 0:
             raise ConfigError("--budget", args.budget, "a duration above zero, such as 90s, 25m or 2h")
+        if args.archive is not None and (there := campaign.parts_there(args.archive)):
+            raise ConfigError("--archive", str(args.archive), f"a path where no archive is yet ({there[0]} is "
+                              "there, and a campaign never writes over one)")
         from normfl.engine.flat import pick_device
 
-        path = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints, args.archive,
-                            dry_run=args.dry_run, stack=args.stack or store.default_stack(),
-                            device=pick_device("auto").type)
+        paths = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints,
+                             args.archive, dry_run=args.dry_run, stack=args.stack or store.default_stack(),
+                             device=pick_device("auto").type)
         if args.dry_run:
             return None
-        print(f"archive: {path}" if path else "archive: none (no run finished or stopped)")
+        if not paths:
+            print("archive: none (no run finished or stopped)")
+        else:
+            print(f"archive: {' '.join(map(str, paths))}" + (f" ({len(paths)} parts: adopt them all)"
+                                                             if len(paths) > 1 else ""))
         return None
     if args.command == "run":
         print(f"store: {args.store}")

@@ -1,5 +1,6 @@
 """Campaigns: train the missing runs of some IDs within a wall-clock budget, wherever there is time (a laptop,
-a GPU box for an hour, a SLURM job), and bring them home as one archive that another clone adopts.
+a GPU box for an hour, a SLURM job), and bring them home as an archive (in parts of at most 16 MiB) that
+another clone adopts.
 
     python -m normfl.reproduce campaign normfedavg-t6 alidpfl-t2 --budget 25m [--checkpoints]
     python -m normfl.reproduce adopt outputs/campaigns/<time>.tar.gz          # on another clone
@@ -31,7 +32,8 @@ from normfl.reproduce import records, store
 from normfl.reproduce.jobs import ROOT, Job
 from normfl.results import FINISHED
 
-ARCHIVE_MAX = 16 * 2**20               # what one archive may weigh (a GPU box hands back files up to 16 MiB)
+ARCHIVE_MAX = 16 * 2**20               # what one archive part may weigh (a GPU box hands back files up to 16 MiB)
+TAR_BLOCK = 1024                       # a member's header and padding in a tar file, at most
 GRACE = 0.05                           # of the budget left for the last step and the checkpoint
 
 
@@ -104,10 +106,10 @@ def train(unit: list[Job], store_dir: Path, deadline: float, threads: int, stop:
 
 def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1, threads: int | None = None,
         checkpoints: bool = False, out: Path | None = None, log=print, dry_run: bool = False,
-        stack: int = 1, device: str = "cpu") -> Path | None:
+        stack: int = 1, device: str = "cpu") -> list[Path]:
     """Train the jobs not yet recorded or finished, within ``budget_s`` seconds, ``parallel`` processes at a
     time, each training one run or up to ``stack`` side by side; pack the finished ones into records and
-    write the archive (None when nothing finished or stopped). ``dry_run`` lists them only. The list gives
+    write the archive's parts (none when nothing finished or stopped). ``dry_run`` lists them only. The list gives
     each run's expected time where runs of its grid on this kind of ``device`` have finished."""
     t0 = time.time()
     deadline = t0 + budget_s * (1 - GRACE)
@@ -126,7 +128,7 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
         log(f"  about {fit} of them fit the budget, by the wall times of their grid's finished runs "
             "(a run continuing its checkpoint takes less)")
     if dry_run:
-        return None
+        return []
 
     def one(unit: list[Job]) -> list[tuple[Job, str]]:
         states = (["not started"] * len(unit) if time.time() >= deadline or stop.count
@@ -145,33 +147,74 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
                     log(f"              record {err}")
             elif st == "stopped":
                 stopped.append(job)
-    path = archive(done, stopped if checkpoints else [], store_dir, out) if done or (checkpoints and stopped) \
-        else None
+    paths = archive(done, stopped if checkpoints else [], store_dir, out, log)
     if stop.count:
-        log(f"campaign stopped by a signal: {len(done)} finished, {len(stopped)} stopped; archive: {path or 'none'}")
+        log(f"campaign stopped by a signal: {len(done)} finished, {len(stopped)} stopped; "
+            f"archive: {' '.join(map(str, paths)) or 'none'}")
         raise KeyboardInterrupt
-    return path
+    return paths
 
 
-def archive(done: list[Job], stopped: list[Job], store_dir: Path, out: Path | None = None) -> Path:
-    """One .tar.gz of the finished runs' records and the stopped runs' checkpoints and configs."""
+def archive(done: list[Job], stopped: list[Job], store_dir: Path, out: Path | None = None,
+            log=print) -> list[Path]:
+    """The finished runs' records and the stopped runs' checkpoints and configs, as .tar.gz parts of at most
+    ``ARCHIVE_MAX`` each: ``out`` first, then ``<out>-2.tar.gz``, ... (adopt them all). Records come first,
+    then checkpoints, in order, a new part when the last is full; a checkpoint bigger than a part can hold is
+    left out, and the log says so (that run continues only from this machine's store). No parts when there
+    is nothing to carry."""
     out = out or ROOT / "outputs" / "campaigns" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}.tar.gz"
+    items = [[(records.RECORDS / job.key, f"records/{job.key}")] for job in done]
+    for job in stopped:
+        d = job.dir(store_dir)
+        if (d / "checkpoint.pt").exists():          # stopped before its first step: nothing to carry
+            items.append([(d / name, f"store/{job.key}/{name}") for name in ("checkpoint.pt", ".hydra/config.yaml")])
+    room = ARCHIVE_MAX - ARCHIVE_MAX // 64          # gzip can grow data it cannot compress, a little
+    parts: list[list] = []
+    used = room
+    for item in items:
+        size = sum(TAR_BLOCK + (f.stat().st_size if f.is_file() else 0) for path, _ in item
+                   for f in [path, *(path.rglob("*") if path.is_dir() else [])])
+        if size > room:
+            log(f"  left out   {item[0][1]}: {size / 2**20:.1f} MiB, more than an archive part holds "
+                f"({ARCHIVE_MAX >> 20} MiB); its run continues only from {store_dir}")
+            continue
+        if used + size > room:
+            parts.append([])
+            used = 0
+        parts[-1].append(item)
+        used += size
+    paths = [part(out, i) for i in range(1, len(parts) + 1)]
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for job in done:
-            tar.add(records.RECORDS / job.key, arcname=f"records/{job.key}")
-        for job in stopped:
-            d = job.dir(store_dir)
-            if (d / "checkpoint.pt").exists():          # stopped before its first step: nothing to carry
-                for name in ("checkpoint.pt", ".hydra/config.yaml"):
-                    tar.add(d / name, arcname=f"store/{job.key}/{name}")
-    if tmp.stat().st_size > ARCHIVE_MAX:
-        tmp.unlink()
-        raise ValueError(f"the archive would weigh more than {ARCHIVE_MAX >> 20} MiB: run the campaign with a "
-                         "smaller budget, or without --checkpoints")
-    tmp.replace(out)
-    return out
+    tmps = [p.with_name(f".{p.name}.tmp") for p in paths]
+    try:
+        for members, tmp in zip(parts, tmps, strict=True):
+            with tarfile.open(tmp, "w:gz") as tar:
+                for path, name in (pair for item in members for pair in item):
+                    tar.add(path, arcname=name)
+            if tmp.stat().st_size > ARCHIVE_MAX:
+                raise ValueError(f"an archive part would weigh more than {ARCHIVE_MAX >> 20} MiB")
+    except BaseException:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, path in zip(tmps, paths, strict=True):
+        tmp.replace(path)
+    return paths
+
+
+def part(out: Path, i: int) -> Path:
+    """The archive ``out``'s part ``i`` (from 1): ``out`` itself, then ``<out>-2.tar.gz``, ..."""
+    return out if i == 1 else out.with_name(f"{_stem(out)}-{i}.tar.gz")
+
+
+def parts_there(out: Path) -> list[Path]:
+    """The parts of an archive ``out`` that exist already (a campaign never writes over them)."""
+    later = re.compile(re.escape(_stem(out)) + r"-\d+\.tar\.gz")
+    return sorted(p for p in out.parent.glob("*") if p.is_file() and (p == out or later.fullmatch(p.name)))
+
+
+def _stem(out: Path) -> str:
+    return re.sub(r"(\.tar\.gz|\.tgz)$", "", out.name)
 
 
 def adopt(path: Path, store_dir: Path, log=print) -> int:
