@@ -185,3 +185,31 @@ def test_a_private_run_with_batchnorm_says_what_its_certificate_does_not_cover(n
         assert "model.norm=group" in said[0]
     else:
         assert not said and (summary["privacy"] is None or summary["privacy"]["not_covered"] is None)
+
+
+@pytest.mark.parametrize("delta, warned", [(0.5, True), (0.3, False)])
+def test_a_delta_not_small_against_the_units_protected_is_said(delta, warned, tmp_path, data_root, caplog):
+    """δ ≥ 1/N for the N units a certificate protects (here 3 clients) lets it publish a unit whole: the run says
+    so before its first round and in its summary; δ < 1/N says nothing."""
+    import logging
+
+    from normfl.run import run
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY, "algo=dp_normec", f"privacy.delta={delta}", f"data_root={data_root}"])
+    with caplog.at_level(logging.WARNING, logger="normfl"):
+        summary = run(cfg, tmp_path / "run")
+    said = [r.getMessage() for r in caplog.records if "is at least 1/N" in r.getMessage()]
+    assert len(said) == warned and ("weak_delta" in summary["privacy"]) == warned
+    if warned:
+        assert f"privacy.delta={delta:g} is at least 1/N for the N = 3 clients it protects" in said[0]
+        assert summary["privacy"]["weak_delta"] in said[0]
+
+
+def test_for_sample_level_privacy_the_units_are_the_smallest_clients_samples():
+    from normfl.run.training import weak_delta
+
+    parts = [np.arange(40), np.arange(25), np.arange(100)]
+    assert weak_delta("sample", 0.03, parts) is None
+    assert "N = 25 samples of the smallest client's data" in weak_delta("sample", 0.04, parts)
+    assert weak_delta("client", 0.3, parts) is None and "N = 3 clients" in weak_delta("client", 1 / 3, parts)

@@ -83,8 +83,10 @@ class Training:
         self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
                         dynamic_ncols=True)
         self.uncovered = uncovered(flat.module) if self.algo.private else None
-        if self.uncovered:
-            log.warning("privacy: %s", self.uncovered)
+        self.weak_delta = weak_delta(self.algo.mech.unit, self.algo.privacy.delta, setup.parts) \
+            if self.algo.private else None
+        for caution in filter(None, (self.uncovered, self.weak_delta)):
+            log.warning("privacy: %s", caution)
         if self.algo.private:                                # said before the first round, and again at the end
             releases = self.algo.planned_releases(cfg.rounds * setup.steps_per_round)
             self.warn_privacy(planned_spent(self.algo.ledger, releases, self.algo.privacy.epsilon), "will certify")
@@ -207,7 +209,8 @@ class Training:
             with open(tmp, "wb") as fh:
                 np.save(fh, x.cpu().numpy())
             tmp.replace(self.out_dir / "params.npy")
-        privacy = {**self.algo.privacy_report(self.step), "not_covered": self.uncovered} if self.algo.private else None
+        privacy = {**self.algo.privacy_report(self.step), "not_covered": self.uncovered,
+                   **({"weak_delta": self.weak_delta} if self.weak_delta else {})} if self.algo.private else None
         audit = self.audit.result(certified(privacy)[0], self.algo.privacy.delta) if self.audit is not None else None
         summary = self.rec.summary({
             "status": self.status, "config_key": self.key, "profile": cfg.profile, "algo": cfg.algo.name,
@@ -242,6 +245,19 @@ def uncovered(module) -> str | None:
     return ("the model's BatchNorm running statistics are updated from the clients' batches and enter the "
             "global model without noise: no certificate covers them, and a canary on the parameters cannot see "
             "them (model.norm=group avoids them)")
+
+
+def weak_delta(unit: str, delta: float, parts: list) -> str | None:
+    """A caution, or None, when δ is not small against the N units a certificate protects (the clients, or the
+    samples of the smallest client's data): publishing each unit outright with probability δ is (0, δ)-DP, so
+    with δ ≥ 1/N a certificate allows about δN ≥ 1 units published whole."""
+    n = len(parts) if unit == "client" else min(map(len, parts))
+    if delta * n < 1:
+        return None
+    units = f"{n} clients" if unit == "client" else f"{n} samples of the smallest client's data"
+    return (f"privacy.delta={delta:g} is at least 1/N for the N = {units} it protects: publishing each of them "
+            "whole with probability δ meets (ε, δ) for any ε, so the certificate allows that; choose δ well "
+            "below 1/N")
 
 
 def planned_spent(ledger, releases: int, target: float) -> dict:
