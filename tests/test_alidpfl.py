@@ -66,11 +66,17 @@ def test_adaptive_never_overspends_and_uses_the_whole_budget():
     assert algo.spent(0)["eps_paper"] == pytest.approx(paper_epsilon(algo.used, 0.015, 1.1, 1e-5))
 
 
-def test_condition_one_keeps_tau_at_one():
-    """R_s >= R_c: T(τ) = R_c for every τ, so G is smallest at τ = 1 (ALI Sec. VI-B; reading C-A2)."""
+def test_condition_one_keeps_tau_at_one_and_estimates_nothing(monkeypatch):
+    """R_s >= R_c: T(τ) = R_c for every τ, so G is smallest at τ = 1 (ALI Sec. VI-B; reading C-A2). No round
+    then estimates ρ, β, ξ: on CIFAR-10 those two gradient passes a round were 40% of a round's time. Under
+    Condition II (R_s = 40 < 79) every round does, with two passes."""
+    calls, grads = [], Clients.grads
+    monkeypatch.setattr(Clients, "grads", lambda self, X, b: calls.append(1) or grads(self, X, b))
     algo = DPFL(adaptive=True, sigma=1.1)
     _, infos, _ = run(algo, 200, 1.55)
-    assert {i["tau"] for i in infos} == {1} and len(infos) == 79
+    assert {i["tau"] for i in infos} == {1} and len(infos) == 79 and calls == []
+    _, infos, _ = run(DPFL(adaptive=True, sigma=1.1), 40, 1.55)
+    assert len(calls) == 2 * len(infos) == 80
 
 
 def test_one_dpsgd_step_and_size_weighted_average_by_hand():

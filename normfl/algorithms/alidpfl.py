@@ -89,7 +89,7 @@ class DPFL(Algorithm):
         W, loss, last, before = local_dpsgd(x, clients, tau, self.lr, self.mech, self.batch, gen)   # 6-11
         x_new = average(W, self.weights)                                             # 16: Σ |D_i|/|D| ŵ_i
         self.used += tau
-        if self.selector is not None and self.used < self.R_c:
+        if self.selector is not None and self.selector.adaptive and self.used < self.R_c:   # Condition I: τ* ≡ 1
             self.tau_next = self._select(W, x_new, last, before, clients, k + 1)     # 17-19
         done = self.used >= self.R_c if self.adaptive else self.R_c - self.used < self.tau
         return x_new, {"loss": self.weights @ loss, "uploads": self.num_clients, "tau": tau,
