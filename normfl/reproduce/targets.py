@@ -69,8 +69,9 @@ ALI_CAUSE = ("Checked against the authors' code, setting by setting, at R_c = 17
              "79.64); the code has no budget stop, its round counts were set by hand.")
 ALI_COND2_CAUSE = ALI_CAUSE + (" Under Condition II the code profile takes the code's closed-form τ rule, which "
                                "holds τ at 3-4 and adds 2.1-9.2 points over the paper's G(τ) rule on the same "
-                               "setup, still 14-23 points below the paper; in Table IV fixed τ = 5-9 beat it by "
-                               "1.7-4.2 points (docs/reproduction/alidpfl-readings.md, 'Condition II').")
+                               "setup, still 14-23 points below the paper; in each of Table IV's columns a fixed τ "
+                               "beats it, the best by 1.7-4.2 points (docs/reproduction/alidpfl-readings.md, "
+                               "'Condition II').")
 NFA_TOL = dict(tolerance=1.0, why="3 seeds (paper std ≤ 0.15); unstated details (batch order, the "
                "sampler's dropped tail) move the mean by a few tenths")
 NFA_BIN_CAUSE = ("All three seeds of the Binomial column train better than the paper's, by 1.28 points on the "
