@@ -357,9 +357,6 @@ def validate(cfg: DictConfig) -> None:
     if _get(cfg, "dataset.split") == "standard":
         for key in ("holdout_fraction", "split_seed"):
             _unread(cfg, f"dataset.{key}", "with dataset.split=standard (the official train/test sets)")
-    if _get(cfg, "dataset.scale") == "raw":
-        for key in ("mean", "std"):
-            _unread(cfg, f"dataset.{key}", "with dataset.scale=raw (the 0-255 values, not normalised)")
     if _get(cfg, "oracle") == "full":
         _unread(cfg, "batch_size", "with oracle=full (each client's whole shard)", _root().get("batch_size", KeyError))
     hidden, model = _get(cfg, "model.hidden"), (_get(cfg, "model._target_") or "").rsplit(".", 1)[-1]
@@ -582,6 +579,9 @@ KEY_DEFAULTS = {"precision": "fp32", "reading": "text", "privacy.K": "rounds", "
 # runs, as experiment=alidpfl_authors_code does the τ rule) and its key holds them at their defaults
 ADAPTIVE_ONLY = {"algo.tau_rule": "g_bound_v1", "algo.T_mode": "static", "algo.tau_cap": 100,
                  "algo.lambda_const": None, "algo.omega_const": None}
+# Raw pixels (dataset.scale=raw) are not normalised: such a run accepts the mean and std unread (an experiment sets
+# them for its normalised input, as the ALI-DPFL ones do) and its key leaves them out
+RAW_UNREAD = ("dataset.mean", "dataset.std")
 # Where the data lives is not what a run computes: the key holds these paths as the defaults' text whatever
 # they resolve to ($NORMFL_DATA, data_root=..., a GPU box's copy), so keys made before this stand
 KEY_PATHS = {"dataset.root": "data", "dataset.offline_dir": "../shared/data"}
@@ -608,6 +608,10 @@ def config_key(cfg: DictConfig) -> str:
         node, last = _holder(data, key)
         if node is not None and node.get("adaptive") is False:
             node[last] = default
+    for key in RAW_UNREAD if (data.get("dataset") or {}).get("scale") == "raw" else ():
+        node, last = _holder(data, key)
+        if node is not None:
+            del node[last]
     for key, text in KEY_PATHS.items():
         node, last = _holder(data, key)
         if node is not None:

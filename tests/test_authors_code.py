@@ -2,6 +2,7 @@
 merged data with per-client test pieces, the capped Dirichlet and the per-evaluation test subset."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from normfl.data import ArrayDataset, client_test_split, dirichlet, label_histog
 from normfl.run.training import eval_subset
 from tests.test_alidpfl import run
 from tests.test_config import cfg_with
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_divisor_scales_one_step_by_expected_batch_over_divisor():
@@ -98,6 +101,18 @@ def test_authors_code_setup_validates_and_older_keys_stand():
     assert config_key(cfg_with("experiment=alidpfl_fmnist", "dataset.scale=raw")) != config_key(text)
 
 
+@pytest.mark.parametrize("experiment", ["alidpfl_fmnist", "alidpfl_authors_code", "alidpfl_cifar10"])
+def test_raw_pixels_accept_the_experiments_mean_and_std_unread_and_the_key_leaves_them_out(experiment):
+    """The MindSpore port's input, as the experiment files and docs/measurements.md run it:
+    ``experiment=alidpfl_authors_code dataset.scale=raw``; the experiment's mean and std are not read then."""
+    raw = cfg_with(f"experiment={experiment}", "dataset.scale=raw")
+    validate(raw)
+    other = cfg_with(f"experiment={experiment}", "dataset.scale=raw", "dataset.mean=[0.1]", "dataset.std=[0.3]")
+    assert config_key(other) == config_key(raw)                          # what the run does not read
+    assert config_key(cfg_with(f"experiment={experiment}", "dataset.mean=[0.1]")) != config_key(
+        cfg_with(f"experiment={experiment}"))                            # what a normalised run reads
+
+
 @pytest.mark.parametrize("override, key", [
     ("algo.divisor=0", "algo.divisor"), ("eval_subset=0", "eval_subset"), ("eval_subset=1.5", "eval_subset"),
     ("dataset.scale=gray", "dataset.scale"), ("partition.capped=2", "partition.capped"),
@@ -118,3 +133,18 @@ def test_authors_code_run_trains_on_client_splits(tmp_path, data_root):
     assert summary["train_size"] + summary["test_size"] == 2000 and 480 <= summary["test_size"] <= 510
     hist = json.loads((tmp_path / "summary.json").read_text())            # strict JSON, as written
     assert hist["best_test_acc"] is not None and hist["final_round"] == 2
+
+
+def test_every_run_of_make_alidpfl_readings_is_a_valid_config():
+    """``scripts/ali_readings.py`` (make alidpfl-readings) runs its settings as override strings: each one
+    composes and validates (raw pixels on the experiments' normalised setups were refused once)."""
+    import importlib.util
+    import shlex
+
+    spec = importlib.util.spec_from_file_location("ali_readings", REPO / "scripts" / "ali_readings.py")
+    readings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readings)
+    for name, overrides in readings.RUNS.items():
+        cfg = cfg_with(*shlex.split(overrides), "budget=e175_r177")
+        validate(cfg)
+        assert cfg.rounds == 177, name

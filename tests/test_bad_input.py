@@ -170,8 +170,6 @@ CONFIG = [
      "algo.beta=[[0, 0.1], [0, 5.0]]; allowed: a list of [k_start, value] pairs, distinct"),
     ("holdout of the standard split", ["dataset.holdout_fraction=0.5"],
      "dataset.holdout_fraction=0.5; allowed: 0.1 with dataset.split=standard"),
-    ("mean of raw pixels", ["dataset.scale=raw", "dataset.mean=[0.5]"],
-     "dataset.mean=[0.5]; allowed: [0.286] with dataset.scale=raw"),
     ("batch of a full gradient", ["oracle=full", "batch_size=7"], "batch_size=7; allowed: 32 with oracle=full"),
     ("tf32 on a CPU", ["precision=tf32"], "precision='tf32'; allowed: fp32 or bf16 on cpu"),
     ("threads beyond the cores", ["threads=100000"], "threads=100000; allowed: null or an integer in [1, "),
