@@ -339,13 +339,18 @@ def _ali_block(epsilon: float, rounds: int) -> str:
 
 
 def acc_vs_tau(target, df, profile):
-    """ALI Fig. 1: final accuracy against a fixed τ, one line per (dataset, ε, R_s)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """ALI Fig. 1: final accuracy against a fixed τ, a panel per dataset and a line per (ε, R_s)."""
     done = df.dropna(subset=["final_acc"])
-    for (ds, eps, rs), g in done.groupby(["dataset", "epsilon", "rounds"]):
-        g = g.sort_values("tau")
-        ax.plot(g.tau, g.final_acc, marker="o", label=f"{ds} ε={eps} R_s={rs}")
-    ax.set_xlabel("τ (local iterations)"), ax.set_ylabel("final test accuracy (%)"), ax.legend(fontsize=6)
+    datasets = sorted(set(done.dataset)) or [""]
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
+    for ax, ds in zip(axes[0], datasets, strict=True):
+        for i, ((eps, rs), g) in enumerate(done[done.dataset == ds].groupby(["epsilon", "rounds"])):
+            g = g.sort_values("tau")                                   # past ten lines the colours come round again
+            ax.plot(g.tau, g.final_acc, marker="os"[i // 10 % 2], linestyle="-" if i < 10 else "--",
+                    label=f"ε={eps} R_s={rs}")
+        ax.set_title(ds, fontsize=9), ax.set_xlabel("τ (local iterations)"), ax.set_ylabel("final test accuracy (%)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=6, ncol=2)
     keys = ["dataset", "epsilon", "rounds", "tau"]
     table = done[[*keys, "final_acc"]].sort_values(keys)
     return table, _comparison([]), fig
