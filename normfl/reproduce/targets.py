@@ -66,7 +66,11 @@ ALI_CAUSE = ("Checked against the authors' code, setting by setting, at R_c = 17
              "R_c = 177 restores the paper's fall (each within 0.6 points from τ = 1 to 5). Fixed τ runs "
              "min(R_s, ⌊R_c/τ⌋) rounds (reading C-A13), so in both readings the R_s = 2R_c, ε = 1.75 column "
              "repeats the R_s = R_c one (to 0.01 point), where the paper's differs (τ = 5: 78.48 against "
-             "79.64); the code has no budget stop, its round counts were set by hand.")
+             "79.64); the code has no budget stop, its round counts were set by hand. On CIFAR-10 (JPEG copy) "
+             "the gap is as wide and the ordering as flat: ALI-DPFL (τ ≡ 1, as the paper says) ends at "
+             "16.78-28.85 against the paper's 39.82-56.76, and from τ = 1 to 5 each column moves -1.2 to +0.4 "
+             "points where the paper's falls 4.2-13.0; raw pixels lift τ = 1 at R_c = 177 from 28.36 to 30.09, "
+             "not by Fashion-MNIST's 14 points (docs/measurements.md).")
 ALI_COND2_CAUSE = ALI_CAUSE + (" Under Condition II the code profile takes the code's closed-form τ rule, which "
                                "holds τ at 3-4 and adds 2.1-9.2 points over the paper's G(τ) rule on the same "
                                "setup, still 14-23 points below the paper; in each of Table IV's columns a fixed τ "
