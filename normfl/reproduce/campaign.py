@@ -184,7 +184,8 @@ def archive(done: list[Job], stopped: list[Job], store_dir: Path, out: Path | No
         parts[-1].append(item)
         used += size
     paths = [part(out, i) for i in range(1, len(parts) + 1)]
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if paths:
+        out.parent.mkdir(parents=True, exist_ok=True)
     tmps = [p.with_name(f".{p.name}.tmp") for p in paths]
     try:
         for members, tmp in zip(parts, tmps, strict=True):

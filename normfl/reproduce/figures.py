@@ -345,9 +345,9 @@ def acc_vs_tau(target, df, profile):
     fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
     for ax, ds in zip(axes[0], datasets, strict=True):
         for i, ((eps, rs), g) in enumerate(done[done.dataset == ds].groupby(["epsilon", "rounds"])):
-            g = g.sort_values("tau")                                   # past ten lines the colours come round again
-            ax.plot(g.tau, g.final_acc, marker="os"[i // 10 % 2], linestyle="-" if i < 10 else "--",
-                    label=f"ε={eps} R_s={rs}")
+            look = i // 10 % 2                                         # past ten lines the colours come round again
+            g = g.sort_values("tau")
+            ax.plot(g.tau, g.final_acc, marker="os"[look], linestyle=("-", "--")[look], label=f"ε={eps} R_s={rs}")
         ax.set_title(ds, fontsize=9), ax.set_xlabel("τ (local iterations)"), ax.set_ylabel("final test accuracy (%)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=6, ncol=2)
