@@ -103,7 +103,7 @@ def test_capture_on_refuses_a_backend_it_cannot_capture(data_root, monkeypatch):
 
     from normfl import config
 
-    monkeypatch.setattr(config, "capturable", lambda device, deterministic: None)
+    monkeypatch.setattr(config.values, "capturable", lambda device, deterministic: None)
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["device=cpu", "capture=on", "backend=sequential"])
     with pytest.raises(ConfigError, match="only the stacked pass is captured"):

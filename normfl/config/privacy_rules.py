@@ -1,0 +1,119 @@
+"""The privacy rules: ε, δ and the noise formula's keys; how the noise is calibrated and by which accountant;
+a privacy key the run would not read is refused; which runs a canary audit can check."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from normfl.config.checks import choice, number
+from normfl.config.keys import get, option_file
+from normfl.errors import ConfigError
+from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE_ON, RELATIONS
+
+EPSILON_MAX = 100.0                         # the largest privacy.epsilon a run takes
+NOISE_MAX = 1e6                             # the largest noise multiplier (1e300 overflowed dp-accounting's RDP)
+
+
+def validate_privacy(cfg: DictConfig) -> None:
+    """The privacy node and the accountant."""
+    number(cfg, "privacy.epsilon", lambda v: 0 < v <= EPSILON_MAX, f"a number in (0, {EPSILON_MAX:g}] (a larger "
+           "ε certifies nothing, and its noise is too small to account: ε = 1,000 took 7 GiB and 7 minutes)")
+    number(cfg, "privacy.delta", lambda v: 0 < v < 1, "a number in (0, 1)")
+    number(cfg, "privacy.c", lambda v: 0 < v <= NOISE_MAX, f"a number in (0, {NOISE_MAX:g}]")
+    number(cfg, "privacy.noise_multiplier_override", lambda v: 0 <= v <= NOISE_MAX,
+           f"null or a number in [0, {NOISE_MAX:g}]", optional=True)
+    choice(cfg, "privacy.log_base", LOG_BASES + (10,))
+    choice(cfg, "privacy.noise_on", NOISE_ON)
+    choice(cfg, "privacy.K", K_COUNTS)
+    choice(cfg, "privacy.calibration", CALIBRATIONS, optional=False)
+    choice(cfg, "privacy.neighbouring", RELATIONS, optional=False)
+    choice(cfg, "accountant.name", ("paper",) + ACCOUNTANTS, optional=False)
+    _validate_calibration(cfg)
+    if (cfg.privacy.calibration != "paper" and cfg.accountant.name == "rdp" and cfg.privacy.neighbouring == "replace"
+           and cfg.privacy.amplification):
+        raise ConfigError("accountant", "rdp", "pld for Poisson sampling under replace-one (dp-accounting's RDP "
+                          "does not support it)")
+    if cfg.privacy.noise_on == "raw_delta" and cfg.privacy.calibration != "paper":
+        raise ConfigError("privacy.noise_on", "raw_delta", "scaled_message when calibrating with an accountant")
+    _validate_privacy_reads(cfg)
+
+
+def _validate_calibration(cfg: DictConfig) -> None:
+    """A certificate asked for half-way is refused, never replaced by the papers' formula: the noise is
+    calibrated by an accountant only with both ``privacy.calibration=accountant`` and ``accountant=rdp|pld``."""
+    calibration, accountant = cfg.privacy.calibration, cfg.accountant.name
+    own = {"normfl.algorithms.NormFedAvg": "its noise comes from NFA Theorem 1 (QTDL) or cpSGD (Binomial)",
+           "normfl.algorithms.DPFL": "its noise is algo.sigma, and its budget R_c comes from its own accountant"}
+    if (why := own.get(get(cfg, "algo._target_"))) and (calibration, accountant) != ("paper", "paper"):
+        raise ConfigError("privacy.calibration" if calibration != "paper" else "accountant",
+                          calibration if calibration != "paper" else accountant,
+                          f"paper (privacy.calibration=paper accountant=paper) with algo={cfg.algo.name}: {why}")
+    if calibration == "accountant" and accountant == "paper":
+        raise ConfigError("accountant", "paper", "rdp | pld with privacy.calibration=accountant (the accountant "
+                          "that solves σ for privacy.epsilon and certifies it; `paper` is the papers' formula, "
+                          "which certifies nothing)")
+    if calibration == "paper" and accountant != "paper":
+        raise ConfigError("privacy.calibration", "paper", f"accountant with accountant={accountant}, to calibrate "
+                          f"the noise to privacy.epsilon with {accountant}; or accountant=paper to keep the papers' "
+                          "formula (every private run reports the ε that RDP and PLD certify for it either way)")
+
+
+PRIVATE_ALGOS = ("dp_normec, dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm with algo.private=true, dpfl, ali_dpfl, "
+                 "dp_normfedavg, nfa_binomial, nfa_clip_tdl")
+FORMULA_KEYS = ("c", "log_base", "sqrt_covers_log", "K_plus_one", "K", "noise_on")   # the papers' noise formula's
+
+
+def private(cfg: DictConfig) -> bool:
+    """Whether the run adds noise: the Gaussian algorithms with algo.private, DP-SGD's, NormFedAvg's mechanisms."""
+    target = get(cfg, "algo._target_")
+    if target == "normfl.algorithms.NormFedAvg":
+        return get(cfg, "algo.mechanism") != "none"
+    return target == "normfl.algorithms.DPFL" or bool(get(cfg, "algo.private"))
+
+
+def _validate_privacy_reads(cfg: DictConfig) -> None:
+    """A privacy key the run does not read is refused, not ignored: every one without noise; all but ε and δ
+    where the algorithm brings its own mechanism (NormFedAvg, DPFL); the papers' formula under an accountant;
+    amplification where no client is sampled."""
+    name, target = cfg.algo.name, get(cfg, "algo._target_")
+    if not private(cfg):
+        reads, why = (), f"with algo={name}, which adds no noise (the private algorithms: {PRIVATE_ALGOS})"
+        if cfg.accountant.name != "paper":
+           raise ConfigError("accountant", cfg.accountant.name, f"paper {why}")
+    elif target in ("normfl.algorithms.NormFedAvg", "normfl.algorithms.DPFL"):
+        reads, why = ("epsilon", "delta"), f"with algo={name}, whose mechanism reads privacy.epsilon and delta alone"
+    elif cfg.privacy.calibration == "accountant":
+        reads = [k for k in cfg.privacy if k not in FORMULA_KEYS]
+        why = "with privacy.calibration=accountant (the accountant solves σ; this key is the papers' formula's)"
+    else:
+        reads, why = list(cfg.privacy), ""
+    for key, default in option_file("privacy", "default").items():
+        if key not in reads and get(cfg, f"privacy.{key}", default) != default:
+           raise ConfigError(f"privacy.{key}", cfg.privacy[key], f"{default} {why}")
+    if "amplification" in reads and cfg.privacy.amplification and get(cfg, "algo.p") in (None, 1, 1.0):
+        raise ConfigError("privacy.amplification", True, f"false with algo={name} at p={get(cfg, 'algo.p', 1)}: "
+                          "amplification by sampling needs clients sampled, p < 1")
+
+
+# the algorithms whose mechanism has a canary audit (normfl.privacy.audit.canaries): Gaussian noise added by each
+# client or by the server, and DP-SGD on each client; NormFedAvg's discrete mechanisms are audited one message
+# at a time instead (normfl.privacy.audit.messages, make audit)
+AUDITED = ("normfl.algorithms.NormEC", "normfl.algorithms.Clip21", "normfl.algorithms.FedNormEC",
+           "normfl.algorithms.FedAvg", "normfl.algorithms.DPSGDNorm", "normfl.algorithms.DPFL")
+AUDIT_MODES = ("sidecar", "inband")
+
+
+def validate_audit(cfg: DictConfig) -> None:
+    number(cfg, "audit.canaries", lambda v: v >= 0 and v % 2 == 0, "an even integer >= 0 (0: no audit; half "
+           "the canaries in, half out)", integer=True, optional=True)
+    choice(cfg, "audit.mode", AUDIT_MODES)
+    n = get(cfg, "audit.canaries")
+    if not n:
+        return
+    target = get(cfg, "algo._target_")
+    if target not in AUDITED:
+        raise ConfigError("audit.canaries", n, "0 here: canaries audit the Gaussian mechanisms (dp_normec, "
+                          "dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm algo.private=true, dpfl, ali_dpfl); the "
+                          "discrete mechanisms of dp_normfedavg are audited per message (make audit)")
+    if not private(cfg):                             # DP-SGD is always private; NormFedAvg is not AUDITED
+        raise ConfigError("audit.canaries", n, "0 for a run without privacy (nothing to audit)")
