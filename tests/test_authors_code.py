@@ -2,6 +2,7 @@
 merged data with per-client test pieces, the capped Dirichlet and the per-evaluation test subset."""
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,17 @@ def test_raw_pixels_accept_the_experiments_mean_and_std_unread_and_the_key_leave
     assert config_key(other) == config_key(raw)                          # what the run does not read
     assert config_key(cfg_with(f"experiment={experiment}", "dataset.mean=[0.1]")) != config_key(
         cfg_with(f"experiment={experiment}"))                            # what a normalised run reads
+
+
+def test_a_raw_pixel_run_says_that_it_reads_no_mean_or_std(data_root, caplog):
+    from normfl.run.setup import _prepared_data
+    for scale, said in (("raw", True), ("unit", False)):
+        cfg = cfg_with("experiment=alidpfl_fmnist", f"dataset.scale={scale}", "dataset.train_limit=1000",
+                       "dataset.test_limit=10", f"data_root={data_root}")
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="normfl.run.setup"):
+            _prepared_data(cfg, torch.device("cpu"))
+        assert ("dataset.mean and dataset.std are not read" in caplog.text) == said
 
 
 @pytest.mark.parametrize("override, key", [

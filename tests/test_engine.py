@@ -222,6 +222,18 @@ def test_minibatch_stream_reshuffles_per_pass_and_is_seeded():
     assert all(set(r[1]) <= set(range(10, 20)) for r in s)                 # clients keep to their shards
 
 
+def test_a_shard_smaller_than_a_batch_is_its_own_batch_and_said():
+    x_all = torch.arange(20, dtype=torch.float32).reshape(20, 1, 1, 1)
+    parts, prep = [np.arange(0, 4), np.arange(4, 20)], Preprocess((), (), CPU)
+    d = ClientData(x_all, torch.zeros(20, dtype=torch.long), parts, 6, 0, prep, augment=False)
+    assert [len(b[0][0]) for b in d.next_batches()] == [4, 6]
+    assert d.short_shards(6) == ("batch_size=6: 1 of 2 clients hold fewer samples (the smallest 4); each such "
+                                 "client's minibatch is its whole shard")
+    assert d.short_shards(4) is None
+    full = ClientData(x_all, torch.zeros(20, dtype=torch.long), parts, 6, 0, prep, augment=False, oracle="full")
+    assert full.short_shards(6) is None                                   # the full oracle reads no batch size
+
+
 def test_flat_vector_roundtrip():
     flat = make(models.cnn, in_shape=(1, 28, 28))
     x = torch.randn(flat.dim)

@@ -109,6 +109,15 @@ class ClientData:
         full batches: the stream skips a tail shorter than a batch, then reshuffles)."""
         return min(len(p) // b for p, b in zip(self.parts, self.batch, strict=True))
 
+    def short_shards(self, batch_size: int) -> str | None:
+        """A line for the run's log where some clients hold fewer than ``batch_size`` samples (each such client's
+        minibatch is then its whole shard), else None."""
+        short = [len(p) for p, b in zip(self.parts, self.batch, strict=True) if b < batch_size]
+        if self.oracle != "minibatch" or not short:
+            return None
+        return (f"batch_size={batch_size}: {len(short)} of {len(self)} clients hold fewer samples (the smallest "
+                f"{min(short)}); each such client's minibatch is its whole shard")
+
     def uniform(self) -> bool:
         """Whether every client's batches have the same shapes (what vmap needs)."""
         sizes = self.batch if self.oracle == "minibatch" else [len(p) for p in self.parts]

@@ -140,6 +140,8 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     x = flat.vector()
     data = ClientData(batches.x, batches.y, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle, batches=batches)
+    if cfg.algo._target_ != "normfl.algorithms.DPFL" and (short := data.short_shards(cfg.batch_size)):
+        log.info(short)                      # DP-SGD's batches are Poisson draws at algo.sample_rate instead
     steps = data.steps_per_pass() if cfg.get("reading", "text") == "pass" else 1
     algo.setup(x, cfg.clients, cfg.rounds * steps, build_privacy(cfg, steps), algo_seed(cfg))
     try:
@@ -211,6 +213,8 @@ def _prepared_data(cfg: DictConfig, device: torch.device):
     its crop."""
     ds, parts = build_data(cfg)
     prep = Preprocess(ds.mean, ds.std, device, cfg.dataset.get("scale", "unit"))
+    if cfg.dataset.get("scale") == "raw" and (len(ds.mean) or len(ds.std)):
+        log.info("dataset.scale=raw: the pixels are not normalised (dataset.mean and dataset.std are not read)")
     try:
         x_train, x_test = ds.x_train, prep(ds.x_test)
     except ValueError as err:                # dataset.mean / std of another number of channels than the data's
