@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 
@@ -20,7 +21,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from normfl.config import config_key
-from normfl.reproduce import campaign, jobs, records
+from normfl.errors import ConfigError
+from normfl.reproduce import campaign, jobs, records, verify
 from normfl.reproduce import store as run_store
 from normfl.reproduce.jobs import Job
 
@@ -92,6 +94,29 @@ def test_a_campaign_plans_by_the_wall_times_of_its_grids_finished_runs(clone, da
     campaign.run([done, *todo, unknown], store, 60, dry_run=True, log=lines.append)
     assert not any("fit the budget" in line for line in lines)       # no count where a time is unknown
     assert [campaign.fitting([10, 10, 10], n, 20) for n in (1, 2, 3)] == [2, 3, 3]
+
+
+def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_root, tmp_path, monkeypatch):
+    store, scratch = clone("a"), tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    j = job(data_root, "rounds=5", "eval_every=1")
+    campaign.run([j], store, 300, threads=1, out=tmp_path / "a.tar.gz")
+    lines = []
+    assert verify.verify(verify.record_dirs([j.key], "paper"), threads=1, log=lines.append) == 0
+    assert lines[-1].startswith(j.key) and lines[-1].endswith("): identical (every number but wall time)")
+    rec = records.RECORDS / j.key                   # a record that says otherwise: one accuracy, one loss
+    rows = [r.split(",") for r in lzma.decompress((rec / "metrics.csv.xz").read_bytes()).decode().splitlines()]
+    acc, loss = rows[0].index("test_acc"), rows[0].index("test_loss")
+    rows[2][acc], rows[3][loss] = f"{float(rows[2][acc]) + 0.03:.9g}", f"{float(rows[3][loss]) * 1.001:.9g}"
+    (rec / "metrics.csv.xz").write_bytes(lzma.compress(("\n".join(map(",".join, rows)) + "\n").encode()))
+    lines = []
+    assert verify.verify([rec], threads=1, log=lines.append) == 1
+    assert "test accuracy by at most 3.00 pt at 1 of 6 evaluations" in lines[-1]
+    assert "other numbers by at most 1.0e-03 relative (test_loss)" in lines[-1]
+    with pytest.raises(ConfigError, match="a record's key"):
+        verify.record_dirs(["normec-000000000000"], "paper")
+    assert list(scratch.iterdir()) == []                                 # the runs made again are gone
 
 
 @pytest.mark.parametrize("stack", [1, 2])

@@ -9,6 +9,8 @@
     adopt DIRS...   copy finished hand-made runs into the store when a grid needs them; a campaign's
                     archive (.tar.gz): merge its records and checkpoints into this clone
     together DIRS.. train the runs whose configs the driver left in DIRS side by side (``run --stack``)
+    verify NAMES... train committed records again (named by key, or every one of an ID) and say whether each
+                    comes out identical, or by how much it differs
 
 IDs are written as in REPRODUCTION.md or as make targets (NORMEC-T2 = normec-t2 = normec_t2).
 """
@@ -37,9 +39,10 @@ READS = {"run": ("profile", "parallel", "threads", "stack", "match", "retry_fail
          "campaign": ("profile", "parallel", "threads", "stack", "match", "dry_run", "store", "budget", "checkpoints",
                       "archive"),
          "record": ("store",), "figures": ("profile", "store"), "report": ("store",), "list": (),
-         "adopt": ("profile", "store"), "together": ("threads",)}
+         "adopt": ("profile", "store"), "together": ("threads",), "verify": ("profile", "threads")}
+# what each command takes as names (the others take none)
 NAMES = {"run": "IDs", "campaign": "IDs", "figures": "IDs", "adopt": "run folders or archives",
-         "together": "run folders"}      # what each command takes as names (the others take none)
+         "together": "run folders", "verify": "record keys or IDs"}
 
 
 def check_reads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -51,7 +54,7 @@ def check_reads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                               f"only with {' or '.join(takers)} (not read by {args.command})")
     if args.command not in NAMES and args.names:
         raise ConfigError(args.command, args.names, "no names (it takes none)")
-    if args.command in ("adopt", "together") and not args.names:
+    if args.command in ("adopt", "together", "verify") and not args.names:
         raise ConfigError(args.command, [], f"one or more {NAMES[args.command]}")
     if args.store is not None and not (args.store.is_dir() or (args.command in ("run", "campaign", "adopt")
                                                                 and not args.store.exists())):
@@ -68,8 +71,9 @@ def store_dir(given: Path | None = None) -> Path:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=("run", "campaign", "record", "figures", "report", "list", "adopt",
-                                        "together"))
-    ap.add_argument("names", nargs="*", help="IDs (run, figures) or run folders (adopt, together)")
+                                        "together", "verify"))
+    ap.add_argument("names", nargs="*", help="IDs (run, figures), run folders (adopt, together), record keys or "
+                    "IDs (verify)")
     ap.add_argument("--profile", default="paper", choices=jobs.PROFILES)
     ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / parallel)")
@@ -127,6 +131,14 @@ def main(argv=None) -> None:
         return None
     if args.command == "together":
         return together(args.names, args.threads)
+    if args.command == "verify":
+        from normfl.reproduce import verify
+
+        run_dirs = verify.record_dirs(args.names, args.profile)
+        print(f"verify: {len(run_dirs)} record(s), trained again one at a time")
+        if differing := verify.verify(run_dirs, args.threads):
+            sys.exit(f"normfl: {differing} of {len(run_dirs)} record(s) did not come out identical")
+        return None
     if args.command == "list":
         for t in targets.TARGETS.values():
             sizes = ", ".join(f"{p} {len(jobs.grid_points(t.grid, p))}" for p in jobs.PROFILES
