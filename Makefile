@@ -19,7 +19,7 @@ IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normfedavg-t4 normfedavg-f3 normfedavg-t5 normfedavg-f4 normfedavg-t6 normfedavg-f5
 REPRODUCE := $(BIN)/python -m normfl.reproduce
 
-.PHONY: install lock run test lint campaign bench gpu-check scale privacy-table audit clean figures report all-figures alidpfl-readings noise-readings $(IDS)
+.PHONY: install lock run test lint campaign verify bench gpu-check scale privacy-table audit clean figures report all-figures alidpfl-readings noise-readings $(IDS)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -84,6 +84,9 @@ noise-readings: $(STAMP)   ## on a GPU: DP-(Fed-)α-NormEC under each reading of
 budget ?= 25m
 campaign: $(STAMP)         ## train the missing runs of IDS="..." (default: every ID) within budget=25m, record, archive
 	$(REPRODUCE) campaign $(IDS) --profile $(profile) --budget $(budget) --parallel $(parallel) $(ARGS)
+
+verify: $(STAMP)           ## train committed records again, KEYS="..." (record keys or IDs): identical, or how far
+	$(REPRODUCE) verify $(KEYS) --profile $(profile) $(ARGS)
 
 report: $(STAMP)           ## write REPRODUCTION.md from stored runs
 	$(REPRODUCE) report
