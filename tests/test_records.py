@@ -96,6 +96,29 @@ def test_a_campaign_plans_by_the_wall_times_of_its_grids_finished_runs(clone, da
     assert [campaign.fitting([10, 10, 10], n, 20) for n in (1, 2, 3)] == [2, 3, 3]
 
 
+def test_a_campaign_says_each_run_s_end_when_it_comes_not_in_the_plan_s_order(clone, data_root, monkeypatch):
+    """Two at a time: the second run ends while the first still trains, and its line (and record) comes then."""
+    store = clone("a")
+    slow, fast = job(data_root, "rounds=5", "seed=0"), job(data_root, "rounds=5", "seed=1")
+    fast_said = threading.Event()
+
+    def train(unit, *_):
+        if unit[0] is slow:
+            fast_said.wait(timeout=10)                 # the old order kept the fast run's line until this ended
+        return ["stopped"]
+
+    def log(text):
+        lines.append(text)
+        if text.startswith("  stopped") and text.endswith(fast.key):
+            fast_said.set()
+
+    lines = []
+    monkeypatch.setattr(campaign, "train", train)
+    campaign.run([slow, fast], store, 300, parallel=2, log=log)
+    ends = [line.split()[-1] for line in lines if line.startswith("  stopped")]
+    assert ends == [fast.key, slow.key]
+
+
 def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_root, tmp_path, monkeypatch):
     store, scratch = clone("a"), tmp_path / "scratch"
     scratch.mkdir()

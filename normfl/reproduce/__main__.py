@@ -69,6 +69,7 @@ def store_dir(given: Path | None = None) -> Path:
 
 
 def main(argv=None) -> None:
+    sys.stdout.reconfigure(line_buffering=True)       # a campaign's log, read with tail -f, says each end at once
     ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=("run", "campaign", "record", "figures", "report", "list", "adopt",
                                         "together", "verify"))

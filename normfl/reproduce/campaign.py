@@ -130,14 +130,11 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
     if dry_run:
         return []
 
-    def one(unit: list[Job]) -> list[tuple[Job, str]]:
+    def one(unit: list[Job]) -> None:
+        """Train a unit, then say how each of its runs ended and record the finished ones, as soon as it ends."""
         states = (["not started"] * len(unit) if time.time() >= deadline or stop.count
                   else train(unit, store_dir, deadline, threads, stop))
-        return list(zip(unit, states, strict=True))
-
-    done, stopped = [], []
-    with store.Stop() as stop, cf.ThreadPoolExecutor(max_workers=parallel) as pool:
-        for job, st in (pair for pairs in pool.map(one, store.units(todo, stack)) for pair in pairs):
+        for job, st in zip(unit, states, strict=True):
             log(f"  {st:11s} {time.time() - t0:7.0f} s  {job.key}")
             if st in store.FINISHED:
                 try:
@@ -147,6 +144,13 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
                     log(f"              record {err}")
             elif st == "stopped":
                 stopped.append(job)
+
+    done, stopped = [], []
+    with store.Stop() as stop, cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+        list(pool.map(one, store.units(todo, stack)))
+    order = {job.key: i for i, job in enumerate(todo)}              # the archive lists them in the plan's order
+    done.sort(key=lambda job: order[job.key])
+    stopped.sort(key=lambda job: order[job.key])
     paths = archive(done, stopped if checkpoints else [], store_dir, out, log)
     if stop.count:
         log(f"campaign stopped by a signal: {len(done)} finished, {len(stopped)} stopped; "
