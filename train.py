@@ -29,7 +29,10 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
+    from normfl.run.cli import hydra_errors
+
     try:
-        main()
+        with hydra_errors(sys.argv[1:]):
+            main()
     except KeyboardInterrupt as stop:     # a sweep stopped at once (normfl.run.cli.SweepStop), or Ctrl-C before a run
         sys.exit(128 + getattr(stop, "signum", signal.SIGINT))

@@ -118,6 +118,9 @@ CONFIG = [
     ("analytic CNN", ["model=cnn", "backend=analytic"], ("backend='analytic'", "model=cnn", "mlp, logreg")),
     ("a partition's key on another partition", ["+partition.alpha=0.1"],
      "partition.alpha=0.1; allowed: the keys of partition=iid: none"),
+    ("misspelled key", ["rouns=3"], "rouns=3; allowed: a key of conf/config.yaml or a config group: accountant, algo,"),
+    ("misspelled key of the algorithm", ["algo.gama=3"],             # Hydra's own answer was: use +algo.gama=3
+     "algo.gama=3; allowed: the keys of algo=normec: alpha, beta, gamma, name, private, server_norm"),
     ("privacy key misspelt", ["+privacy.epsilonn=2"], ("privacy.epsilonn=2", "the keys of privacy: ", "epsilon,")),
     ("model key", ["+model.depth=20"], "model.depth=20; allowed: the keys of model=logreg: init"),
     ("top-level key misspelt", ["+eval_evry=5"], ("eval_evry=5", "a key of conf/config.yaml", "eval_every,")),
@@ -206,6 +209,15 @@ def refused(tmp_path, data_root, overrides, expect, run_dir=None):
 @pytest.mark.parametrize("name, overrides, expect", CONFIG, ids=[c[0] for c in CONFIG])
 def test_bad_config_values(name, overrides, expect, tmp_path, data_root):
     refused(tmp_path, data_root, overrides, expect)
+
+
+def test_a_misspelled_key_in_a_sweep_is_refused_by_its_first_value_and_other_hydra_errors_stay_hydra_s():
+    from normfl.run.cli import unknown_key
+
+    assert unknown_key("algo.gama", ["-m", "experiment=alidpfl_fmnist", "algo.gama=0.1,1", "seed=1,2"]) == (
+        "invalid config: algo.gama=0.1; allowed: the keys of algo=ali_dpfl: T_mode, adaptive, clip, divisor, "
+        "lambda_const, lr, name, omega_const, rc_method, rc_override, sample_rate, sigma, tau, tau_cap, tau_rule")
+    assert unknown_key("hydra.foo", ["hydra.foo=1"]) is None          # Hydra's message names Hydra's keys
 
 
 @pytest.mark.parametrize("name, content, expect", NPZ, ids=[c[0] for c in NPZ])

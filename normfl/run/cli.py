@@ -8,10 +8,12 @@ save theirs, none starts after, and the sweep prints the command that continues 
 from __future__ import annotations
 
 import _thread
+import contextlib
 import functools
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -34,6 +36,53 @@ OUTCOMES = ".normfl-jobs"                      # a sweep's job outcomes, in its 
 JOBS = "jobs"                                  # the sweep's table of jobs: jobs.csv and jobs.md at its root
 STOP = "stop"                                  # in OUTCOMES once a sweep is asked to stop: the signal's number
 SWEEP_PID = "NORMFL_SWEEP_PID"                 # a joblib sweep's own process, so its workers know they are not it
+
+
+@contextlib.contextmanager
+def hydra_errors(argv: list[str]):
+    """Hydra's errors as Hydra prints them, save one: a key that exists nowhere (``rouns=3``), which Hydra answers
+    by suggesting ``+rouns=3``, a key the run's validation then refuses. That one is refused at once, in the
+    validation's words (the keys read there)."""
+    from hydra.errors import CompactHydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"          # Hydra raises instead of printing; printed here instead
+    try:
+        yield
+    except CompactHydraException as err:
+        key = re.match(r"Could not override '([^']+)'", str(err))
+        if key and (why := unknown_key(key[1], argv)):
+            sys.exit(f"normfl: {why}")
+        cause = f"{err.__cause__}\n" if isinstance(err.__cause__, OmegaConfBaseException) else ""
+        sys.exit(f"{err}\n{cause}".rstrip())
+    finally:
+        if before is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
+
+
+def unknown_key(key: str, argv: list[str]) -> str | None:
+    """The refusal of the run's validation for ``key``, composed as if added (``+key=...``; a sweep by its first
+    value); None where the command composes no other way or validation finds nothing to refuse."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from normfl.config import validate_keys
+
+    try:
+        overrides = []
+        for o in OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")]):
+            value = next(o.sweep_string_iterator()) if o.is_sweep_override() else o.get_value_element_as_str()
+            overrides.append(f"{'+' * (o.key_or_group == key)}{o.get_key_element()}={value}")
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
+            validate_keys(compose("config", overrides=overrides))
+    except ConfigError as err:
+        return str(err)
+    except Exception:                                # not composable this way: Hydra's own message stands
+        return None
+    return None
 
 
 def main(cfg: DictConfig) -> dict | None:
