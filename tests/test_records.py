@@ -133,10 +133,14 @@ def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_
     acc, loss = rows[0].index("test_acc"), rows[0].index("test_loss")
     rows[2][acc], rows[3][loss] = f"{float(rows[2][acc]) + 0.03:.9g}", f"{float(rows[3][loss]) * 1.001:.9g}"
     (rec / "metrics.csv.xz").write_bytes(lzma.compress(("\n".join(map(",".join, rows)) + "\n").encode()))
+    summary = json.loads((rec / "summary.json").read_text())
+    (rec / "summary.json").write_text(json.dumps({**summary, "device_name": "another CPU"}))
     lines = []
     assert verify.verify([rec], threads=1, log=lines.append) == 1
     assert "test accuracy by at most 3.00 pt at 1 of 6 evaluations" in lines[-1]
     assert "other numbers by at most 1.0e-03 relative (test_loss)" in lines[-1]
+    torch_version = summary["versions"]["torch"]
+    assert f"recorded on another CPU, torch {torch_version}, now on {summary['device_name']}" in lines[-1]
     with pytest.raises(ConfigError, match="a record's key"):
         verify.record_dirs(["normec-000000000000"], "paper")
     assert list(scratch.iterdir()) == []                                 # the runs made again are gone

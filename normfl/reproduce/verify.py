@@ -71,7 +71,8 @@ def compare(recorded: dict[str, bytes], fresh: dict[str, bytes]) -> dict:
     out = {"status": (sa.get("status"), sb.get("status")), "final": (sa.get("final_test_acc"),
            sb.get("final_test_acc")), "fields": [k for k in differ if k not in numbers], "numbers": numbers,
            "columns": [], "relative": max((abs(sa[k] - sb[k]) / max(abs(sb[k]), 1e-12) for k in numbers),
-                                          default=0.0)}
+                                          default=0.0),
+           "where": [f"{s.get('device_name', '?')}, torch {s.get('versions', {}).get('torch', '?')}" for s in (sa, sb)]}
     if list(a.columns) != list(b.columns) or len(a) != len(b):
         out["shape"] = (a.shape, b.shape)
         return out
@@ -115,6 +116,8 @@ def line(key: str, commit: str, diff: dict) -> str:
         parts.append(f"a number in one run's table only ({', '.join(missing[:4])})")
     if diff["fields"]:
         parts.append(f"summary fields {', '.join(diff['fields'][:6])}")
+    if diff["where"][0] != diff["where"][1]:                 # float rounding is expected to differ there
+        parts.append(f"recorded on {diff['where'][0]}, now on {diff['where'][1]}")
     return f"{where}: differs: " + "; ".join(parts)
 
 
