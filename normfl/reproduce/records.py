@@ -93,13 +93,14 @@ def compact(csv: str) -> bytes:
 def differences(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
     """What differs between two records' files (the summaries by field, wall times and where it ran aside:
     the same run made twice differs there and only there)."""
-    out = [name for name in ("config.yaml", METRICS) if _table(name, a[name]) != _table(name, b[name])]
+    out = [name for name in ("config.yaml", METRICS) if table_rows(name, a[name]) != table_rows(name, b[name])]
     sa, sb = (json.loads(x["summary.json"]) for x in (a, b))
     fields = [k for k in sorted(set(sa) | set(sb)) if k not in PLACE_AND_TIME and sa.get(k) != sb.get(k)]
     return out + [f"summary.json: {', '.join(fields)}"] * bool(fields)
 
 
-def _table(name: str, data: bytes):
+def table_rows(name: str, data: bytes):
+    """A record file's content as compared: the per-round table's rows without wall time, else the bytes."""
     if name != METRICS:
         return data
     rows = [line.split(",") for line in lzma.decompress(data).decode().splitlines()]

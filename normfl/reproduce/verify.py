@@ -7,9 +7,7 @@ GPU, a change to how the engine sums) shows as small differences, and the line s
 
 from __future__ import annotations
 
-import io
 import json
-import lzma
 import math
 import shutil
 import tempfile
@@ -33,10 +31,12 @@ def record_dirs(names: list[str], profile: str) -> list[Path]:
         if (found := [d for d in (records.RECORDS / name, Path(name)) if (d / "summary.json").is_file()]):
             out.append(found[0])
             continue
-        if name.upper().replace("_", "-") not in targets.TARGETS:
+        try:
+            target = targets.get(name)
+        except ConfigError:
             raise ConfigError("verify", name, f"a record's key (a folder of {records.RECORDS}) or an ID (python -m "
-                              "normfl.reproduce list)")
-        grid = [records.RECORDS / j.key for j in jobs.jobs(targets.get(name).grid, profile)]
+                              "normfl.reproduce list)") from None
+        grid = [records.RECORDS / j.key for j in jobs.jobs(target.grid, profile)]
         if not (stored := [d for d in grid if (d / "summary.json").is_file()]):
             raise ConfigError("verify", name, f"an ID with committed records under --profile {profile} (none of "
                               f"its {len(grid)} runs has one)")
@@ -55,8 +55,9 @@ def today(recorded: DictConfig) -> DictConfig:
 
 
 def table(files: dict[str, bytes]) -> pd.DataFrame:
-    text = lzma.decompress(files[records.METRICS]).decode()
-    return pd.read_csv(io.StringIO(text)).drop(columns=["wall_time"], errors="ignore")    # differs between makings
+    """The per-round table as ``records`` compares it (wall time left out), as numbers."""
+    head, *rows = records.table_rows(records.METRICS, files[records.METRICS])
+    return pd.DataFrame(rows, columns=head).apply(pd.to_numeric, errors="coerce")
 
 
 def compare(recorded: dict[str, bytes], fresh: dict[str, bytes]) -> dict:
@@ -77,7 +78,7 @@ def compare(recorded: dict[str, bytes], fresh: dict[str, bytes]) -> dict:
         out["shape"] = (a.shape, b.shape)
         return out
     for col in a.columns:
-        x, y = pd.to_numeric(a[col], errors="coerce"), pd.to_numeric(b[col], errors="coerce")
+        x, y = a[col], b[col]
         gap = (x - y).abs()
         if (x.isna() != y.isna()).any() or gap.max(skipna=True) > 0:
             out["columns"].append(col)

@@ -67,11 +67,10 @@ def unknown_key(key: str, argv: list[str]) -> str | None:
     """The refusal of the run's validation for ``key``, composed as if added (``+key=...``; a sweep by its first
     value); None where the command composes no other way (a config of the user's own: --config-dir, -cn, ...)
     or validation finds nothing to refuse."""
-    from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from normfl.config import validate_keys
-    from normfl.config.keys import CONF
+    from normfl.reproduce.jobs import compose
 
     if any(a.startswith(("--config", "-c")) for a in argv):
         return None
@@ -80,8 +79,7 @@ def unknown_key(key: str, argv: list[str]) -> str | None:
         for o in OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")]):
             value = next(o.sweep_string_iterator()) if o.is_sweep_override() else o.get_value_element_as_str()
             overrides.append(f"{'+' * (o.key_or_group == key)}{o.get_key_element()}={value}")
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            validate_keys(compose("config", overrides=overrides))
+        validate_keys(compose(tuple(overrides)))
     except ConfigError as err:
         return str(err)
     except Exception:                                # not composable this way: Hydra's own message stands
