@@ -13,6 +13,10 @@ os.environ.setdefault("NORMFL_RECORDS", tempfile.mkdtemp(prefix="normfl-test-rec
 # inherit it); tests/test_gpu.py asks for device=cuda by name. NORMFL_TEST_DEVICE=cuda runs the suite's
 # device=auto tests on a GPU instead (scripts/gpu_check.py does so for the resume and equality tests)
 os.environ["NORMFL_DEVICE"] = os.environ.get("NORMFL_TEST_DEVICE", "cpu")
+# One torch thread per process (set before torch loads; subprocesses inherit it): `make test` runs two workers on
+# two cores, and their runs at torch's default of a thread per core oversubscribe them, where OpenMP's waiting
+# threads spin (the end-to-end and resume tests took 16-19% longer that way). A run's `threads=` still wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 OFFLINE = Path(os.environ.get("NORMFL_OFFLINE_DATA", REPO.parent / "shared" / "data"))
 
 

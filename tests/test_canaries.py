@@ -130,7 +130,7 @@ def test_amplification_claimed_while_the_server_sees_who_uploads_is_refuted(tmp_
     """Client noise with participation p = 0.1 and amplification claimed (ε = 2 over 100 rounds): the
     certificate assumes the server does not know who took part, but each client's upload shows it (about 10
     releases a client, worth ε ≈ 6.5 as Gaussian DP). The per-upload observer refutes the claim."""
-    audit = audited(data_root, tmp_path, "client", 1000, "algo=dp_fed_normec", "p=0.1", "privacy.epsilon=2",
+    audit = audited(data_root, tmp_path, "client", 600, "algo=dp_fed_normec", "p=0.1", "privacy.epsilon=2",
                     "privacy.amplification=true", "rounds=100", "eval_every=50")
     assert audit["curve"] == "PLD" and audit["verdict"] == "refutes the certificate", audit
 

@@ -49,6 +49,9 @@ def job(data_root, *extra) -> Job:
     return Job({}, overrides, config_key(cfg), cfg)
 
 
+LONG = ("rounds=2000", "eval_every=250")     # 8 evaluations: a stop once 3 are logged lands mid-run
+
+
 @pytest.fixture
 def clone(tmp_path, monkeypatch):
     """A clone's records and store, as folders of their own (``clone(name)`` switches to that clone)."""
@@ -154,7 +157,7 @@ def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_
 def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(stack, clone, data_root, tmp_path,
                                                                             monkeypatch):
     """One run in its process, or (stack=2) two side by side in one process, cut, carried and continued."""
-    js = [job(data_root, "rounds=4000"), job(data_root, "rounds=4000", "algo.beta=0.5")][:stack]
+    js = [job(data_root, *LONG), job(data_root, *LONG, "algo.beta=0.5")][:stack]
     j = js[0]
     store = clone("whole")                                           # one uninterrupted campaign
     campaign.run(js, store, 600, threads=1, out=tmp_path / "whole.tar.gz", stack=stack)
@@ -241,7 +244,7 @@ def test_ctrl_c_stops_a_driver_its_runs_checkpointed_none_failed_and_none_starte
     (so it got one Ctrl-C, not the terminal's and the driver's both), is not marked failed, and the second
     never starts; the driver ends with KeyboardInterrupt (exit 130), and the same command finishes both."""
     store = clone("a")
-    js = [job(data_root, "rounds=4000", f"seed={s}") for s in (0, 1)]
+    js = [job(data_root, *LONG, f"seed={s}") for s in (0, 1)]
     metrics = js[0].dir(store) / "metrics.csv"
 
     def press():                                        # once the first run has logged 3 evaluations of its 8
