@@ -211,11 +211,11 @@ def test_bad_config_values(name, overrides, expect, tmp_path, data_root):
     refused(tmp_path, data_root, overrides, expect)
 
 
-def test_a_misspelled_key_in_a_sweep_is_refused_by_its_first_value_and_other_hydra_errors_stay_hydra_s():
+def test_a_misspelled_key_in_a_sweep_is_refused_as_typed_and_other_hydra_errors_stay_hydra_s():
     from normfl.run.cli import unknown_key
 
     assert unknown_key("algo.gama", ["-m", "experiment=alidpfl_fmnist", "algo.gama=0.1,1", "seed=1,2"]) == (
-        "invalid config: algo.gama=0.1; allowed: the keys of algo=ali_dpfl: T_mode, adaptive, clip, divisor, "
+        "invalid config: algo.gama=0.1,1; allowed: the keys of algo=ali_dpfl: T_mode, adaptive, clip, divisor, "
         "lambda_const, lr, name, omega_const, rc_method, rc_override, sample_rate, sigma, tau, tau_cap, tau_rule")
     assert unknown_key("hydra.foo", ["hydra.foo=1"]) is None          # Hydra's message names Hydra's keys
 

@@ -65,8 +65,8 @@ def hydra_errors(argv: list[str]):
 
 def unknown_key(key: str, argv: list[str]) -> str | None:
     """The refusal of the run's validation for ``key``, composed as if added (``+key=...``; a sweep by its first
-    value); None where the command composes no other way (a config of the user's own: --config-dir, -cn, ...)
-    or validation finds nothing to refuse."""
+    value, shown as typed); None where the command composes no other way (a config of the user's own:
+    --config-dir, -cn, ...) or validation finds nothing to refuse."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from normfl.config import validate_keys
@@ -74,14 +74,17 @@ def unknown_key(key: str, argv: list[str]) -> str | None:
 
     if any(a.startswith(("--config", "-c")) for a in argv):
         return None
+    typed = None
     try:
         overrides = []
         for o in OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")]):
             value = next(o.sweep_string_iterator()) if o.is_sweep_override() else o.get_value_element_as_str()
             overrides.append(f"{'+' * (o.key_or_group == key)}{o.get_key_element()}={value}")
+            if o.key_or_group == key:
+                typed = (f"{key}={value}", o.input_line)
         validate_keys(compose(tuple(overrides)))
     except ConfigError as err:
-        return str(err)
+        return str(err).replace(*typed, 1) if typed else str(err)
     except Exception:                                # not composable this way: Hydra's own message stands
         return None
     return None
