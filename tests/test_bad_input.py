@@ -217,6 +217,7 @@ def test_a_misspelled_key_in_a_sweep_is_refused_as_typed_and_other_hydra_errors_
     assert unknown_key("algo.gama", ["-m", "experiment=alidpfl_fmnist", "algo.gama=0.1,1", "seed=1,2"]) == (
         "invalid config: algo.gama=0.1,1; allowed: the keys of algo=ali_dpfl: T_mode, adaptive, clip, divisor, "
         "lambda_const, lr, name, omega_const, rc_method, rc_override, sample_rate, sigma, tau, tau_cap, tau_rule")
+    assert unknown_key("algo.nme", ["-m", "algo.nme=abc,def"]).startswith("invalid config: algo.nme=abc,def; ")
     assert unknown_key("hydra.foo", ["hydra.foo=1"]) is None          # Hydra's message names Hydra's keys
 
 

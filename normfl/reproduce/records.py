@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import math
 import os
 import shutil
 import tempfile
@@ -95,8 +96,13 @@ def differences(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
     the same run made twice differs there and only there)."""
     out = [name for name in ("config.yaml", METRICS) if table_rows(name, a[name]) != table_rows(name, b[name])]
     sa, sb = (json.loads(x["summary.json"]) for x in (a, b))
-    fields = [k for k in sorted(set(sa) | set(sb)) if k not in PLACE_AND_TIME and sa.get(k) != sb.get(k)]
+    fields = [k for k in sorted(set(sa) | set(sb)) if k not in PLACE_AND_TIME and not same(sa.get(k), sb.get(k))]
     return out + [f"summary.json: {', '.join(fields)}"] * bool(fields)
+
+
+def same(u, v) -> bool:
+    """Two summary values equal, NaN equal to NaN (a diverged run's summary holds NaN)."""
+    return u == v or (isinstance(u, float) and isinstance(v, float) and math.isnan(u) and math.isnan(v))
 
 
 def table_rows(name: str, data: bytes):

@@ -67,7 +67,7 @@ def compare(recorded: dict[str, bytes], fresh: dict[str, bytes]) -> dict:
     a, b = table(recorded), table(fresh)
     sa, sb = (json.loads(f["summary.json"]) for f in (recorded, fresh))
     # the record's fields (one added to summaries since it was made is not compared), floats apart
-    differ = [k for k in sorted(sa) if k not in records.PLACE_AND_TIME and not _same(sa[k], sb.get(k))]
+    differ = [k for k in sorted(sa) if k not in records.PLACE_AND_TIME and not records.same(sa[k], sb.get(k))]
     numbers = [k for k in differ if isinstance(sa[k], float) and isinstance(sb.get(k), float)]
     out = {"status": (sa.get("status"), sb.get("status")), "final": (sa.get("final_test_acc"),
            sb.get("final_test_acc")), "fields": [k for k in differ if k not in numbers], "numbers": numbers,
@@ -88,11 +88,6 @@ def compare(recorded: dict[str, bytes], fresh: dict[str, bytes]) -> dict:
         elif (d := (gap / y.abs().clip(lower=1e-12)).max(skipna=True)) > 0:
             out["relative"] = max(out["relative"], float(d) if math.isfinite(d) else math.inf)
     return out
-
-
-def _same(u, v) -> bool:
-    """Equal, with NaN equal to NaN (a diverged run's summary holds NaN)."""
-    return u == v or (isinstance(u, float) and isinstance(v, float) and math.isnan(u) and math.isnan(v))
 
 
 def identical(diff: dict) -> bool:

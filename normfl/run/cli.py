@@ -81,10 +81,10 @@ def unknown_key(key: str, argv: list[str]) -> str | None:
             value = next(o.sweep_string_iterator()) if o.is_sweep_override() else o.get_value_element_as_str()
             overrides.append(f"{'+' * (o.key_or_group == key)}{o.get_key_element()}={value}")
             if o.key_or_group == key:
-                typed = (f"{key}={value}", o.input_line)
+                typed = o.input_line
         validate_keys(compose(tuple(overrides)))
     except ConfigError as err:
-        return str(err).replace(*typed, 1) if typed else str(err)
+        return str(err).replace(f"{key}={err.value!r}", typed, 1) if typed and err.key == key else str(err)
     except Exception:                                # not composable this way: Hydra's own message stands
         return None
     return None
