@@ -242,7 +242,7 @@ def weighted_mean(q: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor | None)
     """(1/n) Σ_i q_i rows_i over all n clients, where ``rows`` holds every client's row or those of ``ids``."""
     if ids is None:
         return (q[:, None] * rows).mean(0)
-    return (q[ids, None] * rows).sum(0) / len(q)
+    return (q[ids.to(q.device, non_blocking=True), None] * rows).sum(0) / len(q)     # host ids: a queued copy
 
 
 # -- server steps ---------------------------------------------------------------------------------------------

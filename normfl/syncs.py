@@ -5,7 +5,9 @@ A round on a GPU runs at the device's pace only if the host never waits for it: 
 boolean-mask indexing), no copy to the host. On a GPU, ``torch.cuda.set_sync_debug_mode`` catches them;
 on the CPU nothing waits, so ``Counter`` finds the same calls by name, wherever they are made. It cannot
 tell a copy to the run's own device from a copy to the host when both are the CPU: ``.cpu()``, ``.numpy()``
-and ``.to("cpu")`` count, ``.to(device)`` does not (the GPU tests' sync debug mode sees those).
+and ``.to("cpu")`` count, ``.to(device)`` does not (the GPU tests' sync debug mode sees those). A tensor made
+from host values with a ``device=`` (``torch.tensor([...], device=x.device)``) counts: on a GPU it is a copy
+the host waits for; ``torch.tensor([...]).to(device, non_blocking=True)`` queues the copy instead.
 
 Two kinds of code may make such calls by design, and say so with a ``with`` block:
 
@@ -56,6 +58,8 @@ def is_sync(func, args, kwargs) -> bool:
     name = _name(func)
     if name in READS or name in SHAPES:
         return True
+    if name in ("tensor", "as_tensor") and "device" in kwargs and not isinstance(args[0], torch.Tensor):
+        return True               # host values made into a tensor on a device: on a GPU a copy the host waits for
     if name == "to":              # a copy to the host, when asked for by name: on the CPU a run's own device is
         target = kwargs.get("device", args[1] if len(args) > 1 else None)     # the host too, so ``.to(device)``
         return target == "cpu"                                               # is not counted here

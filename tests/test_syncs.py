@@ -1,6 +1,7 @@
 """No host synchronisation inside a round: the calls that would make the host wait for a GPU (``item``,
-``tolist``, ``bool``/``float``/``int`` of a tensor, ``nonzero``, copies to the host), counted on the CPU
-across rounds between two evaluations, for every algorithm family (``normfl.syncs``)."""
+``tolist``, ``bool``/``float``/``int`` of a tensor, ``nonzero``, copies to the host, tensors made from host
+values on a device), counted on the CPU across rounds between two evaluations, for every algorithm family
+(``normfl.syncs``)."""
 
 from pathlib import Path
 
@@ -16,6 +17,7 @@ SMALL = ["dataset=fashion_mnist", "model=mlp", "dataset.train_limit=400", "datas
          "batch_size=8", "device=cpu", "progress=false", "checkpoint_every=0", "rounds=8", "eval_every=100"]
 FAMILIES = {
     "normec (stacked)": ["algo=normec", "backend=stacked"],
+    "normec, CIFAR-10 crop and flip on the device": ["algo=normec", "backend=stacked", "dataset=cifar10"],
     "dp_normec (vmap)": ["algo=dp_normec", "backend=vmap"],
     "dp_clip21 (sequential)": ["algo=dp_clip21", "backend=sequential"],
     "dp_clip21 (full oracle, analytic)": ["algo=dp_clip21", "oracle=full", "backend=analytic"],

@@ -37,7 +37,7 @@ def pseudo_gradient(x: torch.Tensor, clients: Clients, gamma: float, steps: int 
         for batches in clients.cyclic_pass(ig_batch_size):
             batches = batches if mine is None else [batches[i] for i in mine]
             G, step_loss = clients.grads(X, batches)
-            frac = torch.tensor([b[0][2] for b in batches], device=x.device, dtype=x.dtype)   # b_j / N
+            frac = torch.tensor([b[0][2] for b in batches], dtype=x.dtype).to(x.device, non_blocking=True)   # b_j / N
             X = X - gamma * frac[:, None] * G
             loss = step_loss * frac if loss is None else loss + step_loss * frac
     else:

@@ -71,7 +71,7 @@ class ClientMemory:
     def __getitem__(self, ids) -> torch.Tensor:
         """The rows of ``ids`` (1-D LongTensor), or all rows (None)."""
         if not self.on_disk:
-            return self.rows if ids is None else self.rows[ids]
+            return self.rows if ids is None else self.rows[ids.to(self.device, non_blocking=True)]
         ids = torch.arange(self.n) if ids is None else ids
         out = np.empty((len(ids), self.d), self.np_dtype)
         for row, i in zip(out, ids.tolist(), strict=True):
@@ -84,7 +84,7 @@ class ClientMemory:
             if ids is None:
                 self.rows.copy_(rows)
             else:
-                self.rows[ids] = rows
+                self.rows[ids.to(self.device, non_blocking=True)] = rows
             return
         self._write(torch.arange(self.n) if ids is None else ids, rows.cpu().numpy())
 

@@ -29,7 +29,9 @@ class Preprocess:
     transforms.SCALES); the samples are moved first, so the arithmetic runs where they will be used."""
 
     def __init__(self, mean, std, device: torch.device, scale: str = "unit"):
-        self.mean, self.std, self.device, self.scale = tuple(mean), tuple(std), device, scale
+        # made on the device once: a tensor made from a list on a GPU at every batch is a copy that waits
+        self.mean, self.std = (torch.tensor(v, dtype=torch.float32, device=device) for v in (tuple(mean), tuple(std)))
+        self.device, self.scale = device, scale
 
     def __call__(self, xb: torch.Tensor) -> torch.Tensor:
         return normalize(xb.to(self.device, non_blocking=True), self.mean, self.std, self.scale)

@@ -14,9 +14,10 @@ import torch.nn.functional as F
 SCALES = ("unit", "raw")
 
 
-def normalize(x: torch.Tensor, mean: Sequence[float] = (), std: Sequence[float] = (),
+def normalize(x: torch.Tensor, mean: Sequence[float] | torch.Tensor = (), std: Sequence[float] | torch.Tensor = (),
               scale: str = "unit") -> torch.Tensor:
-    """uint8 -> float32 in [0, 1]; then per-channel (x - mean) / std over dim 1 if `mean` is given.
+    """uint8 -> float32 in [0, 1]; then per-channel (x - mean) / std over dim 1 if `mean` is given (float32
+    tensors already on x's device are used as they are, with no copy).
 
     Float input is only cast to float32 (no /255) before the optional normalization. With
     ``scale="raw"`` the values are only cast: uint8 pixels stay 0-255 and mean, std are not used.
@@ -27,7 +28,7 @@ def normalize(x: torch.Tensor, mean: Sequence[float] = (), std: Sequence[float] 
         return x.to(torch.float32)
     out = x.to(torch.float32) / 255.0 if x.dtype == torch.uint8 else x.to(torch.float32)
     if len(mean) != len(std):
-        raise ValueError(f"mean {tuple(mean)} and std {tuple(std)} must have the same length")
+        raise ValueError(f"mean {tuple(map(float, mean))} and std {tuple(map(float, std))} must have the same length")
     if not len(mean):
         return out
     if x.ndim < 2 or len(mean) not in (1, x.shape[1]):

@@ -94,10 +94,12 @@ class ClientEngine:
         G = torch.zeros(n, self.flat.dim, device=x.device, dtype=x.dtype)
         loss = torch.zeros(n, device=x.device, dtype=x.dtype)
         for j in range(max(len(b) for b in batches)):       # one piece per client at a time
-            idx = [i for i, b in enumerate(batches) if j < len(b)]   # clients with a j-th piece
-            piece = [batches[i][j] for i in idx]
+            mine = [i for i, b in enumerate(batches) if j < len(b)]   # clients with a j-th piece
+            piece = [batches[i][j] for i in mine]
+            # the host's lists go over as queued copies (a tensor made from a list on a GPU waits for it)
+            idx = torch.tensor(mine).to(x.device, non_blocking=True)
+            w = torch.tensor([p[2] for p in piece], dtype=x.dtype).to(x.device, non_blocking=True)
             g, l = self._backend(piece)(x if x.dim() == 1 else x[idx], piece)
-            w = torch.tensor([p[2] for p in piece], device=x.device, dtype=x.dtype)
             G[idx] += w[:, None] * g
             loss[idx] += w * l
         return G, loss
