@@ -102,9 +102,12 @@ class StaticPass:
         return len({(tuple(p[0].shape), tuple(p[1].shape)) for p in piece}) == 1
 
     def load(self, x: torch.Tensor, piece) -> _Buffers:
-        """The buffers of this shape of pass, holding the step's points and batches (copied: outside a graph)."""
-        n = len(piece)
-        key = (n, tuple(piece[0][0].shape), piece[0][0].dtype, tuple(piece[0][1].shape))
+        """The buffers of this shape of pass, holding the step's points and batches (copied: outside a graph).
+        A pass is recorded for one precision and memory layout: a change of either (the bench's variants) makes
+        buffers and a graph of its own."""
+        n, flat = len(piece), self.stacked.flat
+        key = (n, tuple(piece[0][0].shape), piece[0][0].dtype, tuple(piece[0][1].shape), flat.precision,
+               flat.grouped_layout.on)
         if key not in self.buffers:
             self.buffers[key] = _Buffers(self.stacked, piece, x.dtype, self.capture)
         buf = self.buffers[key]
