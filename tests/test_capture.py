@@ -70,7 +70,9 @@ def test_capture_needs_cuda_and_refuses_on_where_it_cannot():
 def test_a_whole_round_on_static_buffers_equals_the_algorithms_round(overrides, tmp_path, data_root):
     """The round a CUDA graph replays (the pass, the fold, Ψ, the memories, the noise from a generator seeded
     outside it, the server step) run eagerly on its buffers ends where the algorithm's own round ends, bit for
-    bit, step after step; the run's summary says how its rounds ran."""
+    bit, step after step; the run's summary says how its rounds ran. On CUDA (``NORMFL_TEST_DEVICE=cuda``) the
+    fourth round is replayed from the graph, and ResNet20's rounds agree to 1e-4, not to the bit: cuDNN's
+    convolution gradients are not bitwise reproducible (the MLP's rounds were, on an H200)."""
     from hydra import compose, initialize_config_dir
 
     from normfl.engine.capture import CapturedRound
@@ -82,16 +84,22 @@ def test_a_whole_round_on_static_buffers_equals_the_algorithms_round(overrides, 
                                              f"data_root={data_root}", "progress=false", "checkpoint_every=0"])
                 for c in ("auto", "off")]
     whole, plain = (start(cfg, tmp_path / name) for cfg, name in zip(cfgs, ("whole", "plain"), strict=True))
+    cpu = whole.setup.device.type == "cpu"
+
+    def same(a, b):
+        return torch.equal(a, b) if cpu else torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
     try:
         assert isinstance(whole.round, CapturedRound) and not isinstance(plain.round, CapturedRound)
         for _ in range(4):
             xs = [t.round(t.step, t.x, t.clients) for t in (whole, plain)]
-            assert torch.equal(xs[0][0], xs[1][0]) and torch.equal(xs[0][1]["loss"], xs[1][1]["loss"])
+            assert same(xs[0][0], xs[1][0]) and same(xs[0][1]["loss"], xs[1][1]["loss"])
             for t, (x, info) in zip((whole, plain), xs, strict=True):
                 t.record(x, info)
         for a, b in zip(whole.setup.flat.module.buffers(), plain.setup.flat.module.buffers(), strict=True):
-            assert torch.equal(a, b)
-        assert whole.round.captured().startswith("whole round eager on static buffers (CUDA graphs need")
+            assert same(a, b) if a.is_floating_point() else torch.equal(a, b)
+        assert whole.round.captured().startswith("whole round eager on static buffers (CUDA graphs need" if cpu
+                                                 else "whole round replayed from a CUDA graph")
     finally:
         for t in (whole, plain):
             t.rundir.release()

@@ -10,6 +10,7 @@ import torch
 
 from normfl import models
 from normfl.engine import ClientEngine, FlatModel
+from normfl.engine.flat import set_numerics
 from tests.test_stacked import config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -33,22 +34,27 @@ def batches(n, b, in_shape, sizes=None):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_stacked_matches_sequential_on_cuda(builder, kw, in_shape, precision, layout):
-    """On CUDA both backends run cuDNN/cuBLAS kernels that round differently (TF32 convolutions in fp32),
-    so they agree to a relative 1e-2 in fp32 and 5e-2 in bf16, not to the last bit; the stacked pass in
-    either memory format against the sequential one in the plain format."""
+    """The stacked pass computes the sequential one's gradients, losses and BatchNorm statistics, held to the
+    fp32 reference (sequential, contiguous, TF32 off): no farther from it than twice the sequential pass in the
+    same precision and memory format, plus 1e-4. In fp32 and the plain format that is 1e-4 (summation order);
+    channels_last and bf16 run other cuDNN kernels (grouped against per-client convolutions) that round
+    differently: on an H200, ResNet20's gradients moved 3.0e-4 (sequential) and 4.5e-4 (stacked) in
+    channels_last fp32, 0.11 in bf16 for both."""
+    set_numerics(precision, deterministic=False)
     data = batches(10, 32, in_shape)
-    flats = []
-    for fmt in ("contiguous", layout):
-        torch.manual_seed(0)
-        flats.append(FlatModel(builder(in_shape, 10, **kw), CUDA, precision, fmt))
-    x = flats[0].vector()
-    G1, l1 = ClientEngine(flats[0], "sequential").grads(x, data)
-    G2, l2 = ClientEngine(flats[1], "stacked").grads(x, data)
-    tol = 1e-2 if precision == "fp32" else 5e-2
-    assert rel(G2, G1) < tol and rel(l2, l1) < tol
-    for a, b in zip(flats[0].module.buffers(), flats[1].module.buffers(), strict=True):
-        if a.is_floating_point():
-            assert rel(b, a) < tol
+    runs = {}
+    for name, fmt, backend, prec in (("reference", "contiguous", "sequential", "fp32"),
+                                     ("sequential", layout, "sequential", precision),
+                                     ("stacked", layout, "stacked", precision)):
+        torch.manual_seed(0)                             # the same parameters in each
+        flat = FlatModel(builder(in_shape, 10, **kw), CUDA, prec, fmt)
+        G, loss = ClientEngine(flat, backend).grads(flat.vector(), data)
+        runs[name] = {"gradients": [G], "losses": [loss],
+                      "buffers": [b for b in flat.module.buffers() if b.is_floating_point()]}
+    for what, refs in runs["reference"].items():
+        for r, q, s in zip(refs, runs["sequential"][what], runs["stacked"][what], strict=True):
+            bound = 2 * rel(q, r) + 1e-4
+            assert rel(s, r) < bound, (what, rel(s, r), rel(q, r))
 
 
 def test_stacked_clipped_sums_on_cuda():
@@ -165,12 +171,14 @@ def test_a_captured_pass_replays_what_eager_computes():
                                         "dataset=fashion_mnist"),
                                        ("experiment=nfa_t4_qtdl", "algo.cohort_size=2", "model=mlp")])
 def test_rounds_on_cuda_never_wait_for_the_device(overrides, tmp_path, data_root):
-    """Issue 29.1-2: the training data lives on the GPU, and rounds between two evaluations run with CUDA's
-    sync debug mode set to error: no read, no data-dependent shape, no copy to the host."""
+    """Issue 29.1-2: the training data lives on the GPU, and rounds between two evaluations (and checkpoints:
+    none here) run with CUDA's sync debug mode set to error: no read, no data-dependent shape, no blocking copy
+    either way between host and device."""
     from normfl.run import start
 
     t = start(config(data_root, *overrides, "dataset.train_limit=640", "dataset.test_limit=100", "clients=4",
-                     "batch_size=16", "device=cuda", "rounds=10", "eval_every=100"), tmp_path / "run")
+                     "batch_size=16", "device=cuda", "rounds=10", "eval_every=100", "checkpoint_every=0"),
+              tmp_path / "run")
     try:
         assert t.clients.data.x.device.type == "cuda" and t.setup.x_test.device.type == "cuda"
         for _ in range(4):                              # first uses (cuDNN's autotuner, caches)
@@ -217,8 +225,11 @@ def test_a_whole_round_replayed_from_a_cuda_graph_equals_eager(algo, tmp_path, d
     captured = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert captured["capture"] == "whole round replayed from a CUDA graph"
     a, b = (pd.read_csv(tmp_path / c / "metrics.csv").drop(columns="wall_time") for c in ("auto", "off"))
-    pd.testing.assert_frame_equal(a, b, rtol=1e-4, check_exact=False)
-    t = start(config(data_root, *common, "rounds=20", "eval_every=100"), tmp_path / "sync")
+    # every round's training loss to 1e-4; the evaluations to 1e-2: the test loss of a model trained by rounds
+    # that round differently (nondeterministic cuDNN kernels, cuBLAS under capture) moved 1e-3 in 8 rounds
+    pd.testing.assert_series_equal(a["train_loss"], b["train_loss"], rtol=1e-4, check_exact=False)
+    pd.testing.assert_frame_equal(a, b, rtol=1e-2, check_exact=False)
+    t = start(config(data_root, *common, "rounds=20", "eval_every=100", "checkpoint_every=0"), tmp_path / "sync")
     try:
         for _ in range(5):
             t.record(*t.round(t.step, t.x, t.clients))
