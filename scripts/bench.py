@@ -27,12 +27,12 @@ variant alike (medians over ``--reps`` rounds, after one warm-up round):
 Settings: A NORMEC (CIFAR-10 ResNet20, 10 clients x one gradient of batch 32); B NormFedAvg
 (Fashion-MNIST MLP, 25 of 50 clients x 20 local steps x batch 256); C FEDNORMEC (20 clients,
 p = 0.25: every client computes, the box); D DPFL (Fashion-MNIST CNN, per-sample clipped DP-SGD, one
-local step). Extra overrides apply to every setting. Then ``--together N`` runs of setting A (a grid of
-β and γ) trained side by side, one lockstep round of all of them (``normfl.engine.lockstep``, backend
-stacked) against the dense floor of their N x 320 images (default 16 on CUDA, 0 on a CPU, where it takes
-minutes). Last, sweep-level parallelism: runs per hour of a 2 x 2 grid, one job at a time with all threads
-against joblib jobs with one thread each. Prints one table (seconds and ratio to the floor) and writes
-outputs/bench/bench.csv.
+local step). Extra overrides apply to every setting. ``--together N`` runs of setting A (a grid of β and γ)
+trained side by side as ``hydra/launcher=stacked`` trains such a grid, one vectorized round of all of them
+(``normfl.run.vectorized``, backend stacked), against the dense floor of their N x 320 images (default 16 on
+CUDA, 0 on a CPU, where it takes minutes), timed right after the first setting. Last, sweep-level
+parallelism: runs per hour of a 2 x 2 grid, one job at a time with all threads against joblib jobs with one
+thread each. Prints one table (seconds and ratio to the floor) and writes outputs/bench/bench.csv.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from normfl.engine import Clients  # noqa: E402
-from normfl.engine.lockstep import Lockstep  # noqa: E402
-from normfl.run import build  # noqa: E402
+from normfl.run import build, vectorized  # noqa: E402
+from normfl.run import start as start_run  # noqa: E402
 
 SETTINGS = {
     "A": ("NORMEC CIFAR-10 ResNet20, 10 clients x 1 gradient, batch 32",
@@ -472,41 +472,43 @@ def cpu_facts() -> dict:
 
 
 def together(overrides: list[str], reps: int, runs: int) -> list[dict]:
-    """``runs`` runs of setting A (a grid of β and γ) trained side by side: one lockstep round of all of
-    them against the dense floor of their runs x 320 images in one batch; fp32, and bf16 on CUDA."""
+    """``runs`` runs of setting A (a grid of β and γ) trained side by side as the stacked launcher trains such a
+    grid (``run.vectorized.Group``: one EF21 round for all of them, one stacked pass over their clients), against
+    the dense floor of their runs x 320 images in one batch; fp32, and bf16 on CUDA."""
     grid = [(b, g) for b in (0.01, 0.1, 1.0, 10.0) for g in (0.01, 0.1, 1.0, 10.0)]
     grid = (grid * (runs // len(grid) + 1))[:runs]
     rows = []
     for precision in ("fp32", "bf16") if torch.cuda.is_available() else ("fp32",):
-        cache, setups = {}, []
-        for beta, gamma in grid:
-            with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-                cfg = compose("config", overrides=[*SETTINGS["A"][1], f"algo.beta={beta}", f"algo.gamma={gamma}",
-                                                   "backend=stacked", f"precision={precision}", "progress=false",
-                                                   *overrides])
-            setups.append(build(cfg, cache))
-        device = setups[0].device
-        dense = DenseFloor(cfg, setups[0].ds, device, bf16=precision == "bf16")
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        xs, lockstep, times = [s.x for s in setups], Lockstep(), {"normfl": [], "dense floor": []}
-        try:
-            for k in range(reps + 1):
-                log = [("grad", [], [b for s in setups for b in s.clients.peek()])]   # this round's batches
-                sync()
-                t = time.perf_counter()
-                out = lockstep.round([(functools.partial(s.algo.round, k, x), s.clients)
-                                      for s, x in zip(setups, xs, strict=True)])
-                sync()
-                times["normfl"].append(time.perf_counter() - t)
-                xs = [o[0] for o in out]
-                dense.prepare(log)
-                sync()
-                t = time.perf_counter()
-                dense(log)
-                sync()
-                times["dense floor"].append(time.perf_counter() - t)
-        finally:
-            lockstep.close()
+        with tempfile.TemporaryDirectory() as tmp:
+            cache, trainings = {}, []
+            try:
+                for i, (beta, gamma) in enumerate(grid):
+                    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+                        cfg = compose("config", overrides=[
+                            *SETTINGS["A"][1], f"algo.beta={beta}", f"algo.gamma={gamma}", "backend=stacked",
+                            f"precision={precision}", "progress=false", f"rounds={reps + 2}",
+                            f"eval_every={reps + 2}", "checkpoint_every=0", *overrides])
+                    trainings.append(start_run(cfg, Path(tmp) / str(i), cache, progress=False))
+                group, device = vectorized.Group(trainings), trainings[0].setup.device
+                dense = DenseFloor(cfg, trainings[0].setup.ds, device, bf16=precision == "bf16")
+                sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+                times = {"normfl": [], "dense floor": []}
+                for _ in range(reps + 1):
+                    log = [("grad", [], [b for t in trainings for b in t.clients.peek()])]   # this round's batches
+                    sync()
+                    t0 = time.perf_counter()
+                    group.round()
+                    sync()
+                    times["normfl"].append(time.perf_counter() - t0)
+                    dense.prepare(log)
+                    sync()
+                    t0 = time.perf_counter()
+                    dense(log)
+                    sync()
+                    times["dense floor"].append(time.perf_counter() - t0)
+            finally:
+                for t in trainings:
+                    t.rundir.release()
         med = {label: statistics.median(v[1:]) for label, v in times.items()}
         for label, s in med.items():
             rows.append({"setting": f"A x {runs}", "what": f"{runs} runs of setting A side by side ({precision})",
@@ -556,11 +558,13 @@ def main():
         rows.extend(new_rows)
         pd.DataFrame(rows).to_csv(args.out, index=False)
 
-    for name in args.settings:
-        save(bench(name, overrides, args.reps))
+    parts = [(name, functools.partial(bench, name, overrides, args.reps)) for name in args.settings]
+    if args.together:               # right after the first setting: with A, the GPU's targets, before a limit cuts
+        parts.insert(1, (f"{args.together} runs side by side", functools.partial(together, overrides, args.reps,
+                                                                                  args.together)))
+    for name, part in parts:
+        save(part())
         print(f"  {name} done", file=sys.stderr)
-    if args.together:
-        save(together(overrides, args.reps, args.together))
     if args.sweep_rounds:
         save(sweep_throughput(overrides, args.sweep_rounds))
     df = pd.DataFrame(rows)

@@ -39,12 +39,16 @@ def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
                                                                        / got["dense floor+bf16"]["seconds"])
 
 
-def test_bench_times_runs_side_by_side(data_root):
+def test_bench_times_runs_side_by_side(data_root, monkeypatch):
+    """The runs step as the stacked launcher steps such a grid: one vectorized group of all of them."""
+    made, real = [], bench.vectorized.Group
+    monkeypatch.setattr(bench.vectorized, "Group", lambda trainings: (made.append(len(trainings)), real(trainings))[1])
     rows = bench.together([f"data_root={data_root}", "dataset.train_limit=200", "dataset.test_limit=50", "clients=2",
                            "batch_size=4"], reps=1, runs=3)
     got = {r["variant"]: r for r in rows}
     assert sorted(got) == ["dense floor (fp32)", "normfl (fp32)"]
     assert got["dense floor (fp32)"]["vs_dense"] == 1.0 and got["normfl (fp32)"]["per_run"] > 0
+    assert made == [3]
 
 
 def test_gpu_check_report_reads_the_bench_and_the_pass(tmp_path, data_root):
@@ -61,11 +65,13 @@ def test_gpu_check_report_reads_the_bench_and_the_pass(tmp_path, data_root):
     pd.DataFrame(rows).to_csv(tmp_path / "bench.csv", index=False)
     (tmp_path / "normec-pass").mkdir()
     (tmp_path / "normec-pass" / "summary.json").write_text(json.dumps(
-        {"steps": 140, "seconds_per_round": 2.8, "final_test_acc": 0.41, "capture": "replayed from a CUDA graph"}))
+        {"final_round": 3, "final_test_acc": 0.41, "precision": "bf16", "capture": "replayed from a CUDA graph"}))
+    pd.DataFrame({"round": [0, 1, 2, 3], "steps": [0, 140, 280, 420],            # the first pass holds the warm-up
+                  "wall_time": [0.0, 5.4, 7.2, 9.0]}).to_csv(tmp_path / "normec-pass" / "metrics.csv", index=False)
     parts = {name: {"status": "passed", "seconds": 1.0, "tail": f"{i + 3} passed"}
              for i, name in enumerate(("tests", "suite", "bench", "pass"))}
     gpu_check.write_report(tmp_path, parts)
     report = (tmp_path / "report.md").read_text()
-    assert "| D | normfl/stacked |" in report and "20.00 ms a step" in report and "14.0 min" in report
+    assert "| D | normfl/stacked |" in report and "12.86 ms a step" in report and "9.0 min" in report
     assert "## GPU tests\n\n```\n3 passed" in report and "on CUDA\n\n```\n4 passed" in report
     assert set(gpu_check.LIMITS) == set(parts) and sum(gpu_check.LIMITS.values()) <= 9 * 60
