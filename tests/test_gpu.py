@@ -241,3 +241,26 @@ def test_a_whole_round_replayed_from_a_cuda_graph_equals_eager(algo, tmp_path, d
             torch.cuda.set_sync_debug_mode(0)
     finally:
         t.rundir.release()
+
+
+def test_runs_side_by_side_replay_their_pass_from_a_cuda_graph(tmp_path, data_root):
+    """Issue 29.4-5: a vectorized group's one pass of its runs' clients, recorded after its warm-up and replayed,
+    ends the runs as the plain pass does (every round's training loss to 1e-4, the evaluations to 1e-2, as a
+    single run's captured round), and their summaries say that the pass was replayed."""
+    from normfl.run import train_together
+
+    grid = [["algo=normec", "algo.beta=0.1"], ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]]
+    common = ("model=resnet20", "dataset=cifar10", "dataset.train_limit=640", "dataset.test_limit=200", "clients=4",
+              "batch_size=16", "device=cuda", "backend=stacked", "rounds=8", "eval_every=4")
+    for capture in ("auto", "off"):
+        jobs = []
+        for i, overrides in enumerate(grid):
+            (tmp_path / capture / str(i)).mkdir(parents=True)
+            jobs.append((config(data_root, *common, *overrides, f"capture={capture}"), tmp_path / capture / str(i)))
+        assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(grid)
+    for i in range(len(grid)):
+        a, b = (pd.read_csv(tmp_path / c / str(i) / "metrics.csv").drop(columns="wall_time") for c in ("auto", "off"))
+        pd.testing.assert_series_equal(a["train_loss"], b["train_loss"], rtol=1e-4, check_exact=False)
+        pd.testing.assert_frame_equal(a, b, rtol=1e-2, check_exact=False)
+        summary = json.loads((tmp_path / "auto" / str(i) / "summary.json").read_text())
+        assert summary["capture"] == "2 runs side by side, one vectorized round, their pass replayed from a CUDA graph"

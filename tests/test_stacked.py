@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from normfl.engine.capture import StaticPass
 from normfl.engine.lockstep import Lockstep
 from normfl.engine.stacked import StackedPass
 from normfl.run import run, train_together
@@ -76,9 +77,10 @@ def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkey
     is recorded as diverged, a crashing one as failed with its error, and
     the others go on; a refused run leaves no directory; a finished run is not trained again."""
     passes = []
-    grads = StackedPass.grads
+    grads, static = StackedPass.grads, StaticPass._pass           # the lockstep pass; the group's, on static buffers
     monkeypatch.setattr(StackedPass, "grads", lambda self, x, piece, stats=None: (passes.append(len(piece)),
                                                                                   grads(self, x, piece, stats))[1])
+    monkeypatch.setattr(StaticPass, "_pass", lambda self, buf: (passes.append(buf.n), static(self, buf))[1])
     grid = {"normec-a": ["algo=normec", "algo.beta=0.1", "algo.gamma=0.1"],
             "normec-b": ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01", "algo.server_norm=false"],
             "dp_fed_normec": ["algo=dp_fed_normec", "p=0.5", "algo.local_steps=2", "rounds=4"],

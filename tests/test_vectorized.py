@@ -78,3 +78,31 @@ def test_a_grouped_run_checkpoints_its_own_state(tmp_path, data_root):
     finally:
         for t in ts:
             t.rundir.release()
+
+
+def test_a_groups_pass_on_static_buffers_equals_the_plain_pass(tmp_path, data_root):
+    """With ``capture=auto`` a group's R·n clients go through one pass on static buffers (replayed from a CUDA
+    graph on a GPU, eager here), each run's BatchNorm copies starting from and folding into its own model: the
+    runs end as with the plain pass (``capture=off``), bit for bit on the CPU, and their summaries say how they
+    ran."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    for capture in ("auto", "off"):
+        jobs = []
+        for i, overrides in enumerate(GRIDS["resnet20"]):
+            (tmp_path / capture / str(i)).mkdir(parents=True)
+            jobs.append((config(data_root, "backend=stacked", *CIFAR, *overrides, f"capture={capture}"),
+                         tmp_path / capture / str(i)))
+        assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(jobs)
+    for i in range(len(GRIDS["resnet20"])):
+        a, b = (tmp_path / c / str(i) for c in ("auto", "off"))
+        pd.testing.assert_frame_equal(*(pd.read_csv(d / "metrics.csv").drop(columns="wall_time") for d in (a, b)),
+                                      check_exact=True)
+        assert np.array_equal(np.load(a / "params.npy"), np.load(b / "params.npy"))
+        how = {c: json.loads((tmp_path / c / str(i) / "summary.json").read_text())["capture"] for c in ("auto", "off")}
+        assert how["auto"] == ("2 runs side by side, one vectorized round, their pass eager on static buffers (CUDA "
+                               "graphs need a CUDA device; this run computes on cpu)")
+        assert how["off"] == "2 runs side by side, one vectorized round, the plain pass (off)"

@@ -73,3 +73,23 @@ class ClientStats:
 
     def fold(self) -> None:
         fold_running_stats(self.module, self.copies, self.n)
+
+
+class RunsStats(ClientStats):
+    """``ClientStats`` of runs side by side in one pass (``run.vectorized``): n clients of each run, run after
+    run; each run's copies start from its own module's statistics and fold back into it."""
+
+    def __init__(self, modules: list[nn.Module], n: int):
+        super().__init__(modules[0], len(modules) * n)
+        self.runs = [(m, slice(r * n, (r + 1) * n)) for r, m in enumerate(modules)]
+
+    def fill(self) -> dict[str, torch.Tensor]:
+        for module, rows in self.runs:
+            live = dict(module.named_buffers())
+            for key, copy in self.copies.items():
+                copy[rows].copy_(live[key].expand_as(copy[rows]))
+        return self.copies
+
+    def fold(self) -> None:
+        for module, rows in self.runs:
+            fold_running_stats(module, {k: v[rows] for k, v in self.copies.items()}, rows.stop - rows.start)

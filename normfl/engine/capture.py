@@ -78,22 +78,24 @@ class _Buffers:
     """One shape of pass: its input buffers, its outputs (made by its first step, written in place after), and
     how it runs (``_Replay``)."""
 
-    def __init__(self, stacked, piece, dtype: torch.dtype, capture: bool):
+    def __init__(self, stacked, piece, dtype: torch.dtype, capture: bool, stats):
         (x0, y0, _), n = piece[0], len(piece)
         self.n, self.replay = n, _Replay(capture)
         self.X = torch.zeros(n, stacked.flat.dim, device=x0.device, dtype=dtype, requires_grad=True)
         self.xb = x0.new_empty(len(y0), n * x0.shape[1], *x0.shape[2:])
         self.yb = y0.new_empty(len(y0), n)
-        self.stats = ClientStats(stacked.flat.module, n) if stacked.has_batchnorm else None
+        self.stats = stats(n) if stacked.has_batchnorm else None
         self.G = self.loss = None
 
 
 class StaticPass:
     """``StackedPass.grads`` on static buffers, replayed from a CUDA graph when ``capture`` (see the module
-    docstring). Takes pieces of equal size only (``takes``)."""
+    docstring). Takes pieces of equal size only (``takes``). ``stats(n)``: the BatchNorm copies of a pass of n
+    clients (``ClientStats`` of the stacked model's module; ``RunsStats`` for runs side by side)."""
 
-    def __init__(self, stacked, capture: bool):
+    def __init__(self, stacked, capture: bool, stats=None):
         self.stacked, self.capture = stacked, capture
+        self.stats = stats or (lambda n: ClientStats(stacked.flat.module, n))
         self.buffers: dict[tuple, _Buffers] = {}
 
     @staticmethod
@@ -103,16 +105,18 @@ class StaticPass:
 
     def load(self, x: torch.Tensor, piece) -> _Buffers:
         """The buffers of this shape of pass, holding the step's points and batches (copied: outside a graph).
-        A pass is recorded for one precision and memory layout: a change of either (the bench's variants) makes
-        buffers and a graph of its own."""
+        x: one point for every client (``[d]``), one per client (``[n, d]``) or one per run of R side by side
+        (``[R, d]``, the clients run after run). A pass is recorded for one precision and memory layout: a change
+        of either (the bench's variants) makes buffers and a graph of its own."""
         n, flat = len(piece), self.stacked.flat
         key = (n, tuple(piece[0][0].shape), piece[0][0].dtype, tuple(piece[0][1].shape), flat.precision,
                flat.grouped_layout.on)
         if key not in self.buffers:
-            self.buffers[key] = _Buffers(self.stacked, piece, x.dtype, self.capture)
+            self.buffers[key] = _Buffers(self.stacked, piece, x.dtype, self.capture, self.stats)
         buf = self.buffers[key]
         with torch.no_grad():
-            buf.X.copy_(x.expand(n, -1) if x.dim() == 1 else x)
+            rows = x if x.dim() == 2 else x[None]
+            buf.X.view(len(rows), n // len(rows), -1).copy_(rows[:, None])
             torch.stack([p[0] for p in piece], 1, out=buf.xb.view(len(piece[0][1]), n, *piece[0][0].shape[1:]))
             torch.stack([p[1] for p in piece], 1, out=buf.yb)
         return buf

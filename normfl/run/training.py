@@ -57,6 +57,8 @@ class Training:
                                       self.x.dtype, audit.get("mode", "sidecar"))
         # the algorithm's round, or that round captured whole (not in-band: a graph replays no canary's scoring)
         self.round = self.algo.round if self.audit and self.audit.inband else round_of(self.algo, self.clients)
+        # how its rounds ran, for its summary (a vectorized group of runs side by side says so instead)
+        self.captured = getattr(self.round, "captured", self.clients.engine.captured)
         (self.out_dir / "partition.csv").write_text(
             label_histogram_csv(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes))
         self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
@@ -221,7 +223,7 @@ class Training:
             "backend": self.clients.engine.backend, "precision": cfg.precision, "memory_format": s.flat.memory_format,
             "device": str(s.device),
             "numerics": numerics(),
-            "capture": getattr(self.round, "captured", self.clients.engine.captured)(),
+            "capture": self.captured(),
             "threads": torch.get_num_threads(),
             "noise_std": self.algo.noise_std, "bits_per_coord": self.bits, "private": self.algo.private,
             "reading": cfg.get("reading", "text"), "steps": self.step, "steps_per_round": s.steps_per_round,

@@ -7,7 +7,10 @@ together: their models are one ``[R, d]`` tensor, their memories ``[R, n, d]`` a
 ``[R, 1, 1]`` (β, α, Ψ's bound) and ``[R, 1]`` (γ, server normalisation) tensors, and the EF21 box
 (``algorithms/ef21.py``, whose clients are axis -2) runs once for all of them. Their clients' gradients come
 from one stacked pass over the R·n clients (``engine.lockstep.combined_pass``: each run's BatchNorm statistics
-stay its own), each run's noise from its own privatizer and generator.
+stay its own), each run's noise from its own privatizer and generator. Where the runs' own passes would run on
+static buffers (``capture=auto|on``, equal batches), so does the group's: one ``engine.capture.StaticPass`` of
+the R·n clients, each run's BatchNorm copies starting from and folding into its own model
+(``engine.batchnorm.RunsStats``), replayed from a CUDA graph on a GPU.
 
 Each run keeps its state as views of the group's, so its metrics, checkpoint and divergence stay its own; when
 a run ends, the others are grouped again. Runs that cannot be grouped so go through ``engine.lockstep``.
@@ -19,6 +22,8 @@ import copy
 
 import torch
 
+from normfl.engine.batchnorm import RunsStats
+from normfl.engine.capture import StaticPass
 from normfl.engine.lockstep import combined_pass
 from normfl.ops import Bounding
 from normfl.run.setup import one_pass_box
@@ -71,6 +76,24 @@ class Group:
         box.privatize = self.privatize
         self.box, self.algos = box, algos
         self.X = torch.stack([t.x for t in trainings])     # the runs' models; each run's x is a row of it
+        engine = trainings[0].clients.engine
+        self.static = None if engine.static is None else StaticPass(
+            engine.stacked, engine.static.capture,
+            lambda n: RunsStats([t.setup.flat.module for t in trainings], n // len(trainings)))
+        for t in trainings:                              # what their summaries say of how their rounds ran
+            t.captured = self.captured
+
+    def captured(self) -> str:
+        """How the group's pass ran, for its runs' summaries."""
+        runs = f"{len(self.trainings)} runs side by side, one vectorized round"
+        engine = self.trainings[0].clients.engine
+        if self.static is None:
+            return f"{runs}, the plain pass ({engine.captured()})"
+        if not self.static.buffers:
+            return f"{runs}, the plain pass (batches of unequal size)"
+        if any(b.replay.graph is not None for b in self.static.buffers.values()):
+            return f"{runs}, their pass replayed from a CUDA graph"
+        return f"{runs}, their pass eager on static buffers ({engine.why_eager or 'not yet past its warm-up'})"
 
     def privatize(self, v: torch.Tensor, k: int) -> torch.Tensor:
         """Each run's releases through its own privatizer, with its own round-k draws."""
@@ -81,7 +104,13 @@ class Group:
     def grads(self, X: torch.Tensor, batches=None, ids=None):
         """``[R, n, d]`` gradients and ``[R, n]`` losses: each run's clients on their next batches (drawn from
         each run's own streams, one gather for all), in one stacked pass."""
-        requests = [("grads", t.clients, (X[r], t.clients.data.next_batches())) for r, t in enumerate(self.trainings)]
+        batches = [t.clients.data.next_batches() for t in self.trainings]
+        piece = [b[0] for bs in batches for b in bs]
+        if self.static is not None and self.static.takes(piece):
+            G, loss = self.static(X, piece)
+            return G.view(len(X), -1, G.shape[-1]), loss.view(len(X), -1)
+        requests = [("grads", t.clients, (X[r], bs)) for r, (t, bs) in enumerate(zip(self.trainings, batches,
+                                                                                      strict=True))]
         parts = combined_pass("grads", requests)
         for part in parts:
             if isinstance(part, BaseException):
