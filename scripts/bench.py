@@ -89,21 +89,23 @@ class Phases:
             event.record()
         else:
             event = time.perf_counter()
-        self.marks.append((phase, start, event))
+        self.marks.append((phase, start, event, time.perf_counter()))
 
     def totals(self) -> dict[str, float]:
-        """Seconds per phase since the last call (``round`` marks the whole round)."""
+        """Seconds per phase since the last call (``round`` marks the whole round), and the host's own seconds
+        in it (``<phase>_host``: on a GPU, a phase whose host time is its device time keeps the device waiting)."""
         if self.cuda:
             torch.cuda.synchronize()
         out: dict[str, float] = {}
         opened = {}
-        for phase, start, event in self.marks:
+        for phase, start, event, host in self.marks:
             if start:
-                opened[phase] = event
+                opened[phase] = (event, host)
                 continue
-            begin = opened.pop(phase)
+            (begin, since) = opened.pop(phase)
             secs = begin.elapsed_time(event) / 1e3 if self.cuda else event - begin
             out[phase] = out.get(phase, 0.0) + secs
+            out[f"{phase}_host"] = out.get(f"{phase}_host", 0.0) + host - since
         self.marks = []
         out["update"] = out.get("round", 0.0) - out.get("data", 0.0) - out.get("pass", 0.0)
         return out
@@ -442,7 +444,7 @@ def bench(name: str, overrides: list[str], reps: int) -> list[dict]:
              "vs_dense": s / med["dense floor"],
              "vs_dense_same_precision": s / med["dense floor+bf16" if "+bf16" in label and not dp
                                                else "dense floor"],
-             **{f"{p}_s": phase.get((label, p)) for p in ("data", "pass", "update")},
+             **{f"{p}_s": phase.get((label, p)) for p in ("data", "pass", "update", "data_host", "pass_host")},
              "other_s": s - phase[label, "round"] if (label, "round") in phase else None,
              **agree.get(label.removeprefix("normfl/"), {}), "reps": reps,
              "threads": torch.get_num_threads(), "device": str(setup.device), **facts}

@@ -113,8 +113,9 @@ def write_report(out: Path, parts: dict) -> None:
     lines.append("")
     bench = out / "bench.csv"
     if bench.exists():
-        cols = ["setting", "variant", "seconds", "vs_floor", "vs_dense_same_precision", "data_s", "pass_s",
-                "update_s", "other_s", "grad_rel_diff", "update_rel_diff", "per_run", "peak_memory_mb"]
+        cols = ["setting", "variant", "seconds", "vs_floor", "vs_dense_same_precision", "data_s", "data_host_s",
+                "pass_s", "pass_host_s", "update_s", "other_s", "grad_rel_diff", "update_rel_diff", "per_run",
+                "peak_memory_mb"]
         df = pd.read_csv(bench)
         lines += ["## Bench (medians; seconds a round)", "",
                   markdown_table(df[[c for c in cols if c in df.columns]]), ""]

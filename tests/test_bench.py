@@ -33,6 +33,7 @@ def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
         tol = 5e-2 if "+bf16" in name else 1e-4
         assert row["grad_rel_diff"] < tol and row["update_rel_diff"] < tol, (name, row)
         assert 0 < row["pass_s"] <= row["seconds"] and row["data_s"] >= 0       # phases of the round's time
+        assert 0 < row["data_host_s"] and 0 < row["pass_host_s"]                 # and the host's part of them
         assert abs(row["data_s"] + row["pass_s"] + row["update_s"] + row["other_s"] - row["seconds"]) < 1e-9
     if setting == "B":
         assert got["normfl/stacked+bf16"]["vs_dense_same_precision"] == (got["normfl/stacked+bf16"]["seconds"]
