@@ -30,7 +30,9 @@ p = 0.25: every client computes, the box); D DPFL (Fashion-MNIST CNN, per-sample
 local step). Extra overrides apply to every setting. ``--together N`` runs of setting A (a grid of β and γ)
 trained side by side as ``hydra/launcher=stacked`` trains such a grid, one vectorized round of all of them
 (``normfl.run.vectorized``, backend stacked), against the dense floor of their N x 320 images (default 16 on
-CUDA, 0 on a CPU, where it takes minutes), timed right after the first setting. Last, sweep-level
+CUDA, 0 on a CPU, where it takes minutes), and ``--in-a-row`` (default on CUDA) the first setting's rounds as a
+run takes them, one after another without a synchronisation between them, are timed right after the first
+setting. Last, sweep-level
 parallelism: runs per hour of a 2 x 2 grid, one job at a time with all threads against joblib jobs with one
 thread each. Prints one table (seconds and ratio to the floor) and writes outputs/bench/bench.csv.
 """
@@ -61,6 +63,7 @@ sys.path.insert(0, str(REPO))
 from normfl.engine import Clients  # noqa: E402
 from normfl.run import build, vectorized  # noqa: E402
 from normfl.run import start as start_run  # noqa: E402
+from normfl.run.setup import round_of  # noqa: E402
 
 SETTINGS = {
     "A": ("NORMEC CIFAR-10 ResNet20, 10 clients x 1 gradient, batch 32",
@@ -72,6 +75,9 @@ SETTINGS = {
     "D": ("DPFL FMNIST CNN, per-sample DP-SGD, 10 clients",
           ["experiment=alidpfl_fmnist", "budget=e175_r177", "algo=dpfl", "algo.tau=1"]),
 }
+
+
+WARMUP_IN_A_ROW = 5       # rounds before ``in_a_row`` times any: a captured round records after three
 
 
 class Phases:
@@ -520,6 +526,33 @@ def together(overrides: list[str], reps: int, runs: int) -> list[dict]:
     return rows
 
 
+def in_a_row(name: str, overrides: list[str], reps: int) -> list[dict]:
+    """Setting ``name``'s rounds as a run takes them: its own round (for α-NormEC on a GPU the whole round
+    replayed from one CUDA graph), ``reps`` in a row after a warm-up, timed together, so that, as in a run, the
+    host draws the next batches while the device computes the last; fp32, and bf16 on CUDA. The rows of
+    ``bench`` start each round from a synchronised device instead."""
+    rows = []
+    for precision in ("fp32", "bf16") if torch.cuda.is_available() else ("fp32",):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[*SETTINGS[name][1], "backend=stacked", f"precision={precision}",
+                                               "progress=false", *overrides])
+        setup = build(cfg)
+        round_, x = round_of(setup.algo, setup.clients), setup.x
+        sync = torch.cuda.synchronize if setup.device.type == "cuda" else (lambda: None)
+        for k in range(WARMUP_IN_A_ROW):                 # the capture's warm-up and recording among them
+            x, _ = round_(k, x, setup.clients)
+        sync()
+        t = time.perf_counter()
+        for k in range(WARMUP_IN_A_ROW, WARMUP_IN_A_ROW + reps):
+            x, _ = round_(k, x, setup.clients)
+        sync()
+        rows.append({"setting": name, "what": f"{SETTINGS[name][0]}, {reps} rounds in a row",
+                     "variant": f"normfl/in a row ({precision})", "seconds": (time.perf_counter() - t) / reps,
+                     "reps": reps, "device": str(setup.device),
+                     "capture": getattr(round_, "captured", setup.clients.engine.captured)()})
+    return rows
+
+
 def sweep_throughput(overrides: list[str], rounds: int) -> list[dict]:
     """Runs per hour of a 2 x 2 NORMEC grid (β, γ), one job at a time with every core, against Hydra's
     joblib launcher with the cores split between jobs (each a ``train.py -m`` sweep in its own dir)."""
@@ -549,6 +582,8 @@ def main():
     ap.add_argument("--sweep-rounds", type=int, default=30, help="rounds per run of the sweep comparison (0: skip)")
     ap.add_argument("--together", type=int, default=16 if torch.cuda.is_available() else 0,
                     help="runs of setting A trained side by side (0: skip; default 16 on CUDA, 0 otherwise)")
+    ap.add_argument("--in-a-row", action=argparse.BooleanOptionalAction, default=torch.cuda.is_available(),
+                    help="the first setting's rounds as a run takes them, timed in a row (default: on CUDA)")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench.csv")
     args, overrides = ap.parse_known_args()
     if args.threads:
@@ -564,6 +599,9 @@ def main():
     if args.together:               # right after the first setting: with A, the GPU's targets, before a limit cuts
         parts.insert(1, (f"{args.together} runs side by side", functools.partial(together, overrides, args.reps,
                                                                                   args.together)))
+    if args.in_a_row:
+        parts.insert(1, (f"{args.settings[0]} in a row", functools.partial(in_a_row, args.settings[0], overrides,
+                                                                            args.reps)))
     for name, part in parts:
         save(part())
         print(f"  {name} done", file=sys.stderr)

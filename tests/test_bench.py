@@ -52,6 +52,14 @@ def test_bench_times_runs_side_by_side(data_root, monkeypatch):
     assert made == [3]
 
 
+def test_bench_times_a_runs_rounds_in_a_row(data_root):
+    """The rounds a run takes (α-NormEC's whole round on static buffers, a CUDA graph on a GPU), back to back."""
+    rows = bench.in_a_row("A", [f"data_root={data_root}", "dataset.train_limit=200", "dataset.test_limit=50",
+                                "clients=2", "batch_size=4"], reps=2)
+    assert [r["variant"] for r in rows] == ["normfl/in a row (fp32)"] and rows[0]["seconds"] > 0
+    assert rows[0]["capture"].startswith("whole round eager on static buffers")
+
+
 def test_gpu_check_report_reads_the_bench_and_the_pass(tmp_path, data_root):
     """``make gpu-check``'s report, written from a bench CSV and a finished pass (its GPU half runs on a GPU)."""
     import json
