@@ -1,7 +1,7 @@
 """One command on a GPU machine: the GPU tests, the suite's equality tests on CUDA, the benchmark and a timed
 NORMEC pass, into one report.
 
-    python scripts/gpu_check.py [--out DIR] [--parts tests suite bench pass] [overrides]     (make gpu-check)
+    python scripts/gpu_check.py [--out DIR] [--parts tests suite bench launches pass] [overrides]   (make gpu-check)
 
 The parts, in order, each with a time limit so that the whole stays under 9 minutes:
 
@@ -10,17 +10,21 @@ The parts, in order, each with a time limit so that the whole stays under 9 minu
 2. ``suite``: the CPU suite's resume and equality tests (``SUITE``) with ``device=auto`` meaning CUDA
    (``NORMFL_TEST_DEVICE=cuda``): killed runs resume to the same bits, stacked equals sequential, runs side
    by side equal runs alone, captured equals eager, the same seed gives the same bits;
-3. ``bench``: ``scripts/bench.py`` on setting A, 16 runs of A side by side, then B-D, 10 rounds each after a
-   warm-up (with 30, the bench's default on CUDA, A finished within a 200 s limit on an H200 and B did not); its
-   CSV is written after each part, so a part stopped at its limit keeps what it measured;
-4. ``pass``: three passes of NORMEC's paper setting (α-NormEC, CIFAR-10, 10 clients, batch 32,
+3. ``bench``: ``scripts/bench.py`` on setting A, A's rounds in a row, 16 runs of A side by side, then B-D,
+   10 rounds each after a warm-up (with 30, the bench's default on CUDA, A finished within a 200 s limit on an
+   H200 and B did not); its CSV is written after each part, so a part stopped at its limit keeps what it
+   measured;
+4. ``launches``: ``scripts/launches.py`` on setting A with the GPU profiled: the kernels one round runs, their
+   device time and the slowest;
+5. ``pass``: three passes of NORMEC's paper setting (α-NormEC, CIFAR-10, 10 clients, batch 32,
    ``reading=pass``, bf16), each evaluated, timed by the last: its time per step, and the paper run of 300 passes
    (42,000 steps, 300 evaluations) it implies. (The first pass holds the warm-up: cuDNN's autotuner, the
-   capture: one bf16 pass alone took 5.4 s on an H200, one fp32 pass 1.9 s.)
+   capture: one bf16 pass alone took 5.4 s on an H200, one fp32 pass 1.9 s).
 
 ``--parts`` runs some of them (a device call of at most 10 minutes can take the parts in two calls). Writes
 DIR/report.md (the device, versions, each part's outcome, the bench table with each row's phases and its
-agreement with the first backend, the pass) beside DIR/<part>.txt, DIR/bench.csv and the pass's run folder.
+agreement with the first backend, the round's kernels, the pass) beside DIR/<part>.txt, DIR/bench.csv,
+DIR/launches.csv and the pass's run folder.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from normfl.reproduce.figures import markdown_table  # noqa: E402
 
-LIMITS = {"tests": 130, "suite": 120, "bench": 230, "pass": 60}     # seconds each; 540 s in all
+LIMITS = {"tests": 130, "suite": 110, "bench": 220, "launches": 30, "pass": 50}     # seconds each; 540 s in all
 TARGETS = ("targets (issue 29, H100): A stacked bf16 <= 4 ms a round; 16 runs side by side <= 2.8 ms per "
            "run-round; a NORMEC paper run (42,000 steps, 300 evaluations) <= 3 minutes")
 SUITE = ["tests/test_resume.py", "tests/test_stacked.py", "tests/test_vectorized.py", "tests/test_capture.py",
@@ -90,6 +94,8 @@ def main() -> None:
         "suite": ([*pytest, *workers(), *SUITE], {"NORMFL_TEST_DEVICE": "cuda"}),
         "bench": ([py, "scripts/bench.py", "--settings", "A", "B", "C", "D", "--together", "16", "--reps", "10",
                    "--sweep-rounds", "0", "--out", str(out / "bench.csv"), *overrides], None),
+        "launches": ([py, "scripts/launches.py", "--settings", "A", "device=cuda", "--out", str(out / "launches.csv"),
+                      *overrides], None),
         "pass": ([py, "train.py", *NORMEC_PASS, f"hydra.run.dir={out / 'normec-pass'}", *overrides], None),
     }
     parts = {}
@@ -119,6 +125,10 @@ def write_report(out: Path, parts: dict) -> None:
         df = pd.read_csv(bench)
         lines += ["## Bench (medians; seconds a round)", "",
                   markdown_table(df[[c for c in cols if c in df.columns]]), ""]
+    launches = out / "launches.csv"
+    if launches.exists():
+        lines += ["## Kernels of one round (eager, torch profiler)", "",
+                  markdown_table(pd.read_csv(launches).drop(columns=["what"])), ""]
     summary = out / "normec-pass" / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())

@@ -8,6 +8,9 @@ warm up, then profiles one round and counts the outermost aten operations that d
 Python or the autograd engine, less views and allocations, which launch nothing): on a GPU, about one
 kernel launch each. Prints a table (operations a
 round and a step, and the busiest operations) and writes outputs/bench/launches.csv.
+
+With ``device=cuda`` it profiles the GPU's side too: the kernels the round ran, their device time, and the
+kernels that took most of it (the round profiled is eager: a captured pass records after three).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import torch
 from hydra import compose, initialize_config_dir
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,14 +69,25 @@ def launches(name: str, overrides: list[str]) -> dict:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*own, "progress=false", "device=cpu", *overrides])
     setup = build(cfg)
+    cuda = setup.device.type == "cuda"
     x, _ = setup.algo.round(0, setup.x, setup.clients)                   # warm-up: what is made on first use
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         setup.algo.round(1, x, setup.clients)
+        if cuda:
+            torch.cuda.synchronize()
     ops = working_ops(prof)
     steps = setup.algo.local["steps"] if hasattr(setup.algo, "local") else 1
-    return {"setting": name, "what": title, "backend": setup.clients.engine.backend, "ops_per_round": sum(ops.values()),
-            "local_steps": steps, "ops_per_step": sum(ops.values()) / steps,
-            "busiest": ", ".join(f"{k} {v}" for k, v in ops.most_common(6))}
+    row = {"setting": name, "what": title, "backend": setup.clients.engine.backend, "ops_per_round": sum(ops.values()),
+           "local_steps": steps, "ops_per_step": sum(ops.values()) / steps,
+           "busiest": ", ".join(f"{k} {v}" for k, v in ops.most_common(6))}
+    if cuda:
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        spent: collections.Counter = collections.Counter()
+        for e in kernels:
+            spent[e.name[:48]] += e.self_device_time_total / 1e3
+        row |= {"kernels": len(kernels), "kernel_ms": sum(spent.values()),
+                "slowest": ", ".join(f"{k} {v:.2f} ms" for k, v in spent.most_common(4))}
+    return row
 
 
 def main():

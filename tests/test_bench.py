@@ -77,10 +77,24 @@ def test_gpu_check_report_reads_the_bench_and_the_pass(tmp_path, data_root):
         {"final_round": 3, "final_test_acc": 0.41, "precision": "bf16", "capture": "replayed from a CUDA graph"}))
     pd.DataFrame({"round": [0, 1, 2, 3], "steps": [0, 140, 280, 420],            # the first pass holds the warm-up
                   "wall_time": [0.0, 5.4, 7.2, 9.0]}).to_csv(tmp_path / "normec-pass" / "metrics.csv", index=False)
+    kernels = {"setting": "A", "what": "NORMEC", "backend": "stacked", "ops_per_round": 547, "kernels": 1210,
+               "kernel_ms": 4.1, "slowest": "sm90_xmma_fprop 1.20 ms"}
+    pd.DataFrame([kernels]).to_csv(tmp_path / "launches.csv", index=False)
     parts = {name: {"status": "passed", "seconds": 1.0, "tail": f"{i + 3} passed"}
-             for i, name in enumerate(("tests", "suite", "bench", "pass"))}
+             for i, name in enumerate(("tests", "suite", "bench", "launches", "pass"))}
     gpu_check.write_report(tmp_path, parts)
     report = (tmp_path / "report.md").read_text()
     assert "| D | normfl/stacked |" in report and "12.86 ms a step" in report and "9.0 min" in report
     assert "## GPU tests\n\n```\n3 passed" in report and "on CUDA\n\n```\n4 passed" in report
+    assert "| A | stacked | 547 | 1210 | 4.10 | sm90_xmma_fprop 1.20 ms |" in report
     assert set(gpu_check.LIMITS) == set(parts) and sum(gpu_check.LIMITS.values()) <= 9 * 60
+
+
+def test_launches_counts_a_rounds_operations(data_root):
+    """``scripts/launches.py`` on the CPU: the operations one round launches (its GPU columns need CUDA)."""
+    spec = importlib.util.spec_from_file_location("launches", SPEC.origin.replace("bench.py", "launches.py"))
+    launches = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launches)
+    row = launches.launches("D", [f"data_root={data_root}", "algo.sample_rate=0.01", "clients=4",
+                                  "dataset.train_limit=4000", "dataset.test_limit=200"])
+    assert row["setting"] == "D" and row["ops_per_round"] > 0 and "kernels" not in row
