@@ -98,6 +98,11 @@ class StaticPass:
         self.stats = stats or (lambda n: ClientStats(stacked.flat.module, n))
         self.buffers: dict[tuple, _Buffers] = {}
 
+    @property
+    def replayed(self) -> bool:
+        """Whether a pass of it has been recorded in a CUDA graph (and is replayed from it)."""
+        return any(b.replay.graph is not None for b in self.buffers.values())
+
     @staticmethod
     def takes(piece) -> bool:
         """Whether these batches have one shape (a static pass needs no padding mask)."""

@@ -63,7 +63,7 @@ class ClientEngine:
         or off."""
         if self.static is None or self.backend != "stacked":
             return "off" if self.capture == "off" else f"off: backend={self.backend} (only stacked captures)"
-        if any(b.replay.graph is not None for b in self.static.buffers.values()):
+        if self.static.replayed:
             return "replayed from a CUDA graph"
         return f"eager on static buffers ({self.why_eager or 'no pass of equal batches yet'})"
 

@@ -91,7 +91,7 @@ class Group:
             return f"{runs}, the plain pass ({engine.captured()})"
         if not self.static.buffers:
             return f"{runs}, the plain pass (batches of unequal size)"
-        if any(b.replay.graph is not None for b in self.static.buffers.values()):
+        if self.static.replayed:
             return f"{runs}, their pass replayed from a CUDA graph"
         return f"{runs}, their pass eager on static buffers ({engine.why_eager or 'not yet past its warm-up'})"
 
