@@ -239,10 +239,11 @@ def participants(q: torch.Tensor) -> torch.Tensor | None:
 
 
 def weighted_mean(q: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
-    """(1/n) Σ_i q_i rows_i over all n clients, where ``rows`` holds every client's row or those of ``ids``."""
+    """(1/n) Σ_i q_i rows_i over all n clients, where ``rows`` holds every client's row or those of ``ids``; the
+    clients are axis -2 (runs side by side: ``rows`` ``[R, n, d]``, one q for all)."""
     if ids is None:
-        return (q[:, None] * rows).mean(0)
-    return (q[ids.to(q.device, non_blocking=True), None] * rows).sum(0) / len(q)     # host ids: a queued copy
+        return (q[:, None] * rows).mean(-2)
+    return (q[ids.to(q.device, non_blocking=True), None] * rows).sum(-2) / len(q)     # host ids: a queued copy
 
 
 # -- server steps ---------------------------------------------------------------------------------------------

@@ -17,6 +17,19 @@ GRIDS = {
     "clip21": [["algo=clip21", "algo.beta=0.5"], ["algo=dp_clip21", "algo.beta=1.0"],
                ["algo=clip21", "algo.beta=2.0", "algo.gamma=0.05"]],
     "resnet20": [["algo=normec", "algo.beta=0.1"], ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]],
+    # every client computes and updates its memory; one participation draw (p) for the group, so some rounds
+    # upload from nobody (4 clients, p = 0.3, 6 rounds)
+    "fed_normec": [["algo=fed_normec", "p=0.3", "algo.beta=0.1"],
+                   ["algo=fed_normec", "p=0.3", "algo.beta=0.5", "algo.gamma=0.05", "algo.eta=0.2"],
+                   ["algo=fed_normec", "p=0.3", "algo.beta=1.0", "algo.server_norm=true", "algo.alpha=0.5"]],
+    "dp_fed_normec": [["algo=dp_fed_normec", "p=0.5", "algo.beta=0.1", "privacy.epsilon=8"],
+                      ["algo=dp_fed_normec", "p=0.5", "algo.beta=0.3", "algo.gamma=0.05", "privacy.epsilon=2"]],
+    # only the participants compute: the group's pass takes theirs (none in round 2)
+    "dp_fedavg": [["algo=dp_fedavg", "p=0.3", "algo.beta=0.1", "privacy.epsilon=8"],
+                  ["algo=dp_fedavg", "p=0.3", "algo.beta=0.3", "algo.gamma=0.05", "privacy.epsilon=2"]],
+    "dp_fedavg_server": [["algo=dp_fedavg", "algo.noise_by=server", "algo.beta=0.1", "algo.literal_psi=true"],
+                         ["algo=dp_fedavg", "algo.noise_by=server", "algo.beta=0.3", "algo.gamma=0.05",
+                          "algo.literal_psi=true"]],
 }
 CIFAR = ["dataset=cifar10", "model=resnet20", "dataset.train_limit=96", "dataset.test_limit=50", "batch_size=8",
          "clients=3"]
@@ -27,7 +40,7 @@ def test_runs_that_differ_in_scalars_step_as_one_and_equal_the_runs_alone(grid, 
     made = []
     monkeypatch.setattr(vectorized.Group, "__init__", lambda self, members, real=vectorized.Group.__init__:
                         (made.append(len(members)), real(self, members))[1])
-    extra = CIFAR if grid == "resnet20" else []
+    extra = CIFAR if grid == "resnet20" else ["rounds=6", "eval_every=3"] if "fed" in grid else []
     jobs = []
     for i, overrides in enumerate(GRIDS[grid]):
         (tmp_path / "together" / str(i)).mkdir(parents=True)
@@ -75,6 +88,27 @@ def test_a_grouped_run_checkpoints_its_own_state(tmp_path, data_root):
 
         x = checkpoint.snapshot(ts[1], 0.0)["x"]                 # x too: a copy, not a view of the group's [R, d]
         assert x.untyped_storage().nbytes() == x.numel() * x.element_size()
+    finally:
+        for t in ts:
+            t.rundir.release()
+
+
+def test_a_grouped_federated_run_checkpoints_its_own_memories(tmp_path, data_root):
+    """Fed-α-NormEC's client memories (a ``ClientMemory``) are rows of the group's ``[R, n, d]``; a checkpoint of
+    one run holds a copy of its own rows, not the group's."""
+    import pickle
+
+    from normfl.run import start
+
+    ts = [start(config(data_root, "backend=stacked", "algo=fed_normec", f"algo.beta={b}"), tmp_path / str(b))
+          for b in (0.1, 1.0)]
+    try:
+        group = vectorized.Group(ts)
+        group.round()
+        assert ts[1].algo.v.rows.data_ptr() == group.box.v.rows[1].data_ptr()
+        rows = pickle.loads(pickle.dumps(ts[1].algo.state_dict()))["v"].rows
+        assert torch.equal(rows, group.box.v.rows[1])
+        assert rows.untyped_storage().nbytes() == rows.numel() * rows.element_size()
     finally:
         for t in ts:
             t.rundir.release()

@@ -21,8 +21,9 @@ MEMORY_UPDATES = ("all", "participants_only")
 
 
 def mean_loss(loss: torch.Tensor) -> torch.Tensor | None:
-    """The mean client loss of a round, on the device; None when no client computed (an empty Bernoulli draw)."""
-    return loss.mean() if len(loss) else None
+    """The mean client loss of a round (of each run side by side), on the device; None when no client computed
+    (an empty Bernoulli draw)."""
+    return loss.mean(-1) if loss.shape[-1] else None
 
 
 class _Federated(GaussianAlgorithm):
@@ -63,6 +64,8 @@ class FedNormEC(_Federated):
         self.vhat = torch.zeros_like(x0)                                        # v̂^0 = mean v_i^0
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
+        """The box on one run, or on R runs side by side (``run.vectorized``: x ``[R, d]``, U ``[R, n, d]``, the
+        scalars ``[R, 1(, 1)]``, one draw for all): the clients are always axis -2."""
         draw = self.sampling.draw(k, x.device)               # 7: q_i = 1/p w.p. p, else 0
         q, ids = draw.q, None if self.memory_update == "all" else draw.ids
         U, loss = self.pseudo_gradient(x, clients, ids)      # 4: T_i(x^k); U_i = (x^k - T_i(x^k))/γ
@@ -70,7 +73,7 @@ class FedNormEC(_Federated):
         delta = self.bounding(U - v)                         # 5: Δ_i = Norm_α(U_i - v_i)
         self.v[ids] = v + self.beta * delta                  # 6: v_i^{k+1} = v_i^k + β Δ_i
         sent = self.privatize(delta, k)                      # 8/9: Δ̂_i = q_i (Δ_i + z_i)
-        self.vhat += self.beta * weighted_mean(q, sent, ids)   # 11: v̂^{k+1} = v̂^k + (β/M) Σ Δ̂_i
+        self.vhat += weighted_mean(q, self.beta * sent, ids)   # 11: v̂^{k+1} = v̂^k + (1/M) Σ β Δ̂_i
         x = server_step(x, self.vhat, self.eta, self.server_norm)   # 12: x - η v̂ (/||v̂|| with SN)
         return x, {"loss": mean_loss(loss), "uploads": draw.count}
 
@@ -98,6 +101,7 @@ class FedAvg(_Federated):
         self.bounding = Bounding({"norm": "scaled_norm"}.get(bounding, bounding), self.beta, self.alpha)
 
     def round(self, k: int, x: torch.Tensor, clients: Clients):
+        """On one run, or on R runs side by side, as ``FedNormEC.round``."""
         draw = self.sampling.draw(k, x.device)
         q, ids = draw.q, draw.ids                            # only participants compute
         U, loss = self.pseudo_gradient(x, clients, ids)

@@ -36,9 +36,12 @@ class ClientMemory:
         os.ftruncate(self.file.fileno(), self.n * self.row_bytes)       # sparse: reads as zeros
 
     def __getstate__(self) -> dict:
-        """For a checkpoint: the dense rows, or only the rows ever written when on disk."""
+        """For a checkpoint: a copy of the dense rows (those of a run side by side are a view of its group's), or
+        only the rows ever written when on disk."""
         state = {k: v for k, v in vars(self).items() if k != "file"}
-        if self.on_disk:
+        if not self.on_disk:
+            state["rows"] = self.rows.clone()
+        else:
             ids = torch.tensor(sorted(self.touched), dtype=torch.long)
             state["written"] = (ids, self[ids].cpu())
         return state

@@ -182,7 +182,7 @@ def _takes_the_data(flat: FlatModel, xb: torch.Tensor, cfg: DictConfig) -> None:
 
 def one_pass_box(algo, clients: Clients) -> bool:
     """Whether a run's round is the EF21 box (α-NormEC, Clip21) around one stacked pass of one minibatch a
-    client: what a round captured whole (``round_of``) and runs vectorized (``run.vectorized``) need."""
+    client: what a round captured whole (``round_of``) needs."""
     return isinstance(algo, EF21) and clients.engine.backend == "stacked" and clients.data.oracle == "minibatch"
 
 

@@ -1,15 +1,16 @@
-"""Runs side by side, vectorized: runs of one error-feedback algorithm that differ only in scalars take each
-round as one.
+"""Runs side by side, vectorized: runs of one algorithm that differ only in scalars take each round as one.
 
-Runs of α-NormEC or Clip21 (private or not) that share data, model and seed (``setup.SHARED``) and stand at the
-same step differ only in β, γ, α, server normalisation and the noise their privacy settings give. They step
-together: their models are one ``[R, d]`` tensor, their memories ``[R, n, d]`` and ``[R, d]``, the scalars
-``[R, 1, 1]`` (β, α, Ψ's bound) and ``[R, 1]`` (γ, server normalisation) tensors, and the EF21 box
-(``algorithms/ef21.py``, whose clients are axis -2) runs once for all of them. Their clients' gradients come
-from one stacked pass over the R·n clients (``engine.lockstep.combined_pass``: each run's BatchNorm statistics
-stay its own), each run's noise from its own privatizer and generator. Where the runs' own passes would run on
-static buffers (``capture=auto|on``, equal batches), so does the group's: one ``engine.capture.StaticPass`` of
-the R·n clients, each run's BatchNorm copies starting from and folding into its own model
+Runs of α-NormEC or Clip21 (the EF21 box), of Fed-α-NormEC or of FedAvg (one local gradient step), private or
+not, that share data, model and seed (``setup.SHARED``) and stand at the same step differ only in β, γ, η, α,
+server normalisation and the noise their privacy settings give. They step together: their models are one
+``[R, d]`` tensor, their memories ``[R, n, d]`` and ``[R, d]``, each scalar a ``[R, 1, 1]`` tensor where it meets
+the clients' rows or a ``[R, 1]`` one where it meets a model (``SCALARS``), and the algorithm's box, whose
+clients are axis -2, runs once for all of them. Their clients' gradients come from one stacked pass over the R·n
+clients (``engine.lockstep.combined_pass``: each run's BatchNorm statistics stay its own), each run's noise
+from its own privatizer and generator; federated runs share one participation draw (their participation
+settings are part of the group's key). Where the runs' own passes would run on static buffers
+(``capture=auto|on``, equal batches), so does the group's: one ``engine.capture.StaticPass`` of the R·n
+clients, each run's BatchNorm copies starting from and folding into its own model
 (``engine.batchnorm.RunsStats``), replayed from a CUDA graph on a GPU.
 
 Each run keeps its state as views of the group's, so its metrics, checkpoint and divergence stay its own; when
@@ -22,21 +23,45 @@ import copy
 
 import torch
 
+from normfl.algorithms.ef21 import EF21
+from normfl.algorithms.fed import FedAvg, FedNormEC
+from normfl.algorithms.memory import ClientMemory
 from normfl.engine.batchnorm import RunsStats
 from normfl.engine.capture import StaticPass
 from normfl.engine.lockstep import combined_pass
 from normfl.ops import Bounding
-from normfl.run.setup import one_pass_box
+
+# Per box, the scalars that differ between runs and the rank of the column each becomes: 2 ([R, 1, 1]) where it
+# multiplies the clients' rows [R, n, d], 1 ([R, 1]) where it meets a model [R, d]. Ψ's β and α are always 2.
+SCALARS = {EF21: {"weight": 2, "gamma": 1, "server_norm": 1},
+           FedNormEC: {"beta": 2, "gamma": 2, "eta": 1, "server_norm": 1},
+           FedAvg: {"gamma": 2, "eta": 1, "server_norm": 1}}
+
+
+def box_of(algo, clients) -> type | None:
+    """The box whose round runs vectorized for this run (a key of ``SCALARS``), or None: it needs the stacked
+    backend with one minibatch a client a step, and, federated, one local gradient step (Fed-α-NormEC: every
+    client's memory updated each round, the memories in RAM)."""
+    if clients.engine.backend != "stacked" or clients.data.oracle != "minibatch":
+        return None
+    if isinstance(algo, EF21):
+        return EF21
+    if not isinstance(algo, (FedNormEC, FedAvg)) or algo.local["steps"] != 1 or algo.local["operator"] != "gd":
+        return None
+    if isinstance(algo, FedNormEC) and (algo.memory_update != "all" or algo.v.on_disk):
+        return None
+    return type(algo)
 
 
 def group_key(t) -> tuple | None:
-    """What runs must share to step as one (None: this run cannot): the algorithm's class, whether it is
-    private and who adds the noise, Ψ's kind, the stacked backend with one minibatch a client, and the step it
+    """What runs must share to step as one (None: this run cannot): the algorithm's class, whether it is private
+    and who adds the noise, Ψ's kind, the participation draws and Ψ's argument (federated), and the step it
     stands at. A run audited in-band steps alone: its canaries ride on its own privatizer calls."""
     a = t.algo
-    if not one_pass_box(a, t.clients) or (t.audit is not None and t.audit.inband):
+    if box_of(a, t.clients) is None or (t.audit is not None and t.audit.inband):
         return None
-    return type(a), a.private, a.noise_by, a.bounding.kind, t.step
+    return (type(a), a.private, a.noise_by, a.bounding.kind, getattr(a, "sampling", None),
+            getattr(a, "literal_psi", None), t.step)
 
 
 def groups(trainings: list) -> tuple[list[list], list]:
@@ -54,25 +79,34 @@ def groups(trainings: list) -> tuple[list[list], list]:
 
 
 class Group:
-    """R runs' EF21 rounds as one (see the module docstring)."""
+    """R runs' rounds as one (see the module docstring)."""
 
     def __init__(self, trainings: list):
         self.trainings = trainings
         algos = [t.algo for t in trainings]
         x0 = trainings[0].x
 
-        def column(values, rank: int) -> torch.Tensor:
-            return torch.tensor(values, device=x0.device, dtype=x0.dtype).view(-1, *(1,) * rank)
+        def column(name: str, rank: int, of=algos) -> torch.Tensor:
+            values = [getattr(a, name) for a in of]
+            dtype = torch.bool if isinstance(values[0], bool) else x0.dtype      # server normalisation: a mask
+            return torch.tensor(values, device=x0.device, dtype=dtype).view(-1, *(1,) * rank)
 
         box = copy.copy(algos[0])                        # the class and its settings; scalars and state below
-        box.bounding = Bounding(algos[0].bounding.kind, beta=column([a.bounding.beta for a in algos], 2),
-                                alpha=column([a.bounding.alpha for a in algos], 2))
-        box.weight = column([a.weight for a in algos], 2)
-        box.gamma = column([a.gamma for a in algos], 1)
-        box.server_norm = torch.tensor([a.server_norm for a in algos], device=x0.device).view(-1, 1)
-        box.g, box.ghat = torch.stack([a.g for a in algos]), torch.stack([a.ghat for a in algos])
-        for r, a in enumerate(algos):                   # each run's state: views of the group's
-            a.g, a.ghat = box.g[r], box.ghat[r]
+        bounds = [a.bounding for a in algos]
+        box.bounding = Bounding(bounds[0].kind, beta=column("beta", 2, bounds), alpha=column("alpha", 2, bounds))
+        for name, rank in SCALARS[box_of(algos[0], trainings[0].clients)].items():
+            setattr(box, name, column(name, rank))
+        for name in box.state:                           # each run's state: views of the group's
+            parts = [getattr(a, name) for a in algos]
+            if isinstance(parts[0], ClientMemory):       # dense (``box_of``): its rows
+                setattr(box, name, copy.copy(parts[0]))
+                getattr(box, name).rows = torch.stack([m.rows for m in parts])
+                for r, m in enumerate(parts):
+                    m.rows = getattr(box, name).rows[r]
+            else:
+                setattr(box, name, torch.stack(parts))
+                for r, a in enumerate(algos):
+                    setattr(a, name, getattr(box, name)[r])
         box.privatize = self.privatize
         self.box, self.algos = box, algos
         self.X = torch.stack([t.x for t in trainings])     # the runs' models; each run's x is a row of it
@@ -102,10 +136,13 @@ class Group:
         return torch.stack([a.privatize(v[r], k) for r, a in enumerate(self.algos)])
 
     def grads(self, X: torch.Tensor, batches=None, ids=None):
-        """``[R, n, d]`` gradients and ``[R, n]`` losses: each run's clients on their next batches (drawn from
-        each run's own streams, one gather for all), in one stacked pass."""
-        batches = [t.clients.data.next_batches() for t in self.trainings]
+        """``[R, n, d]`` gradients and ``[R, n]`` losses: each run's clients (all, or the round's participants
+        ``ids``) on their next batches (drawn from each run's own streams, one gather for all), in one stacked
+        pass."""
+        batches = [t.clients.data.next_batches(ids) for t in self.trainings]
         piece = [b[0] for bs in batches for b in bs]
+        if not piece:                                    # nobody computes (an empty Bernoulli draw)
+            return X.new_zeros(len(X), 0, X.shape[-1]), X.new_zeros(len(X), 0)
         if self.static is not None and self.static.takes(piece):
             G, loss = self.static(X, piece)
             return G.view(len(X), -1, G.shape[-1]), loss.view(len(X), -1)
@@ -124,4 +161,5 @@ class Group:
         k = self.trainings[0].step
         self.X, info = self.box.round(k, self.X, self)
         for r, t in enumerate(self.trainings):
-            t.record(self.X[r], {"loss": info["loss"][r], "uploads": info["uploads"]})
+            t.record(self.X[r], {"loss": None if info["loss"] is None else info["loss"][r],
+                                 "uploads": info["uploads"]})
