@@ -17,6 +17,10 @@ GRIDS = {
     "clip21": [["algo=clip21", "algo.beta=0.5"], ["algo=dp_clip21", "algo.beta=1.0"],
                ["algo=clip21", "algo.beta=2.0", "algo.gamma=0.05"]],
     "resnet20": [["algo=normec", "algo.beta=0.1"], ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]],
+    "dpsgd": [["algo=dpsgd_norm", "algo.beta=0.1"], ["algo=dpsgd_norm", "algo.beta=1.0", "algo.gamma=0.05",
+                                                     "algo.alpha=0.5"]],
+    "dp_dpsgd": [["algo=dpsgd_norm", "algo.private=true", "algo.beta=0.1", "privacy.epsilon=8"],
+                 ["algo=dpsgd_norm", "algo.private=true", "algo.beta=0.3", "privacy.epsilon=2"]],
     # every client computes and updates its memory; one participation draw (p) for the group, so some rounds
     # upload from nobody (4 clients, p = 0.3, 6 rounds)
     "fed_normec": [["algo=fed_normec", "p=0.3", "algo.beta=0.1"],

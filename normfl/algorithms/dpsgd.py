@@ -24,10 +24,11 @@ class DPSGDNorm(GaussianAlgorithm):
         super().setup(x0, num_clients, rounds, privacy, seed, mean_of=num_clients)
 
     def round(self, k: int, x, clients: Clients):
+        """One run, or R runs side by side (``run.vectorized``): the clients are always axis -2."""
         G, loss = clients.grads(x)                            # ∇f_i(x^k), all n clients (B = n)
         psi = self.bounding(G)                                # Ψ(∇f_i(x^k)) = β Norm_α(∇f_i(x^k))
-        agg = self.privatize(psi.mean(0), k)                  # (1/B) Σ Ψ + z^k
-        return server_step(x, agg, self.gamma, False), {"loss": loss.mean(), "uploads": len(G)}
+        agg = self.privatize(psi.mean(-2), k)                 # (1/B) Σ Ψ + z^k
+        return server_step(x, agg, self.gamma, False), {"loss": loss.mean(-1), "uploads": G.shape[-2]}
 
     def noise_target(self):
         return (f"the mean (1/n) Σ_i β Norm_α(∇f_i(x^k)) of the n = {self.num_clients} clients' terms, each of norm "

@@ -1,17 +1,17 @@
 """Runs side by side, vectorized: runs of one algorithm that differ only in scalars take each round as one.
 
-Runs of α-NormEC or Clip21 (the EF21 box), of Fed-α-NormEC or of FedAvg (one local gradient step), private or
-not, that share data, model and seed (``setup.SHARED``) and stand at the same step differ only in β, γ, η, α,
-server normalisation and the noise their privacy settings give. They step together: their models are one
-``[R, d]`` tensor, their memories ``[R, n, d]`` and ``[R, d]``, each scalar a ``[R, 1, 1]`` tensor where it meets
-the clients' rows or a ``[R, 1]`` one where it meets a model (``SCALARS``), and the algorithm's box, whose
-clients are axis -2, runs once for all of them. Their clients' gradients come from one stacked pass over the R·n
-clients (``engine.lockstep.combined_pass``: each run's BatchNorm statistics stay its own), each run's noise
-from its own privatizer and generator; federated runs share one participation draw (their participation
-settings are part of the group's key). Where the runs' own passes would run on static buffers
-(``capture=auto|on``, equal batches), so does the group's: one ``engine.capture.StaticPass`` of the R·n
-clients, each run's BatchNorm copies starting from and folding into its own model
-(``engine.batchnorm.RunsStats``), replayed from a CUDA graph on a GPU.
+Runs of α-NormEC or Clip21 (the EF21 box), of the DP-SGD baseline, of Fed-α-NormEC or of FedAvg (one local
+gradient step), private or not, that share data, model and seed (``setup.SHARED``) and stand at the same step
+differ only in β, γ, η, α, server normalisation and the noise their privacy settings give. They step together:
+their models are one ``[R, d]`` tensor, their memories ``[R, n, d]`` and ``[R, d]``, each scalar a ``[R, 1, 1]``
+tensor where it meets the clients' rows or a ``[R, 1]`` one where it meets a model (``SCALARS``), and the
+algorithm's box, whose clients are axis -2, runs once for all of them. Their clients' gradients come from one
+stacked pass over the R·n clients (``engine.lockstep.combined_pass``: each run's BatchNorm statistics stay its
+own), each run's noise from its own privatizer and generator; federated runs share one participation draw (their
+participation settings are part of the group's key). Where the runs' own passes would run on static buffers
+(``capture=auto|on``, equal batches), so does the group's: one ``engine.capture.StaticPass`` of the R·n clients,
+each run's BatchNorm copies starting from and folding into its own model (``engine.batchnorm.RunsStats``),
+replayed from a CUDA graph on a GPU.
 
 Each run keeps its state as views of the group's, so its metrics, checkpoint and divergence stay its own; when
 a run ends, the others are grouped again. Runs that cannot be grouped so go through ``engine.lockstep``.
@@ -23,6 +23,7 @@ import copy
 
 import torch
 
+from normfl.algorithms.dpsgd import DPSGDNorm
 from normfl.algorithms.ef21 import EF21
 from normfl.algorithms.fed import FedAvg, FedNormEC
 from normfl.algorithms.memory import ClientMemory
@@ -34,18 +35,21 @@ from normfl.ops import Bounding
 # Per box, the scalars that differ between runs and the rank of the column each becomes: 2 ([R, 1, 1]) where it
 # multiplies the clients' rows [R, n, d], 1 ([R, 1]) where it meets a model [R, d]. Ψ's β and α are always 2.
 SCALARS = {EF21: {"weight": 2, "gamma": 1, "server_norm": 1},
+           DPSGDNorm: {"gamma": 1},
            FedNormEC: {"beta": 2, "gamma": 2, "eta": 1, "server_norm": 1},
            FedAvg: {"gamma": 2, "eta": 1, "server_norm": 1}}
 
 
 def box_of(algo, clients) -> type | None:
     """The box whose round runs vectorized for this run (a key of ``SCALARS``), or None: it needs the stacked
-    backend with one minibatch a client a step, and, federated, one local gradient step (Fed-α-NormEC: every
+    backend with one minibatch a client a step and, federated, one local gradient step (Fed-α-NormEC: every
     client's memory updated each round, the memories in RAM)."""
     if clients.engine.backend != "stacked" or clients.data.oracle != "minibatch":
         return None
     if isinstance(algo, EF21):
         return EF21
+    if isinstance(algo, DPSGDNorm):
+        return DPSGDNorm
     if not isinstance(algo, (FedNormEC, FedAvg)) or algo.local["steps"] != 1 or algo.local["operator"] != "gd":
         return None
     if isinstance(algo, FedNormEC) and (algo.memory_update != "all" or algo.v.on_disk):
