@@ -243,13 +243,18 @@ def test_a_whole_round_replayed_from_a_cuda_graph_equals_eager(algo, tmp_path, d
         t.rundir.release()
 
 
-def test_runs_side_by_side_replay_their_pass_from_a_cuda_graph(tmp_path, data_root):
+@pytest.mark.parametrize("grid", [[["algo=normec", "algo.beta=0.1"],
+                                   ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]],
+                                  [["algo=fed_normec", "p=0.5", "algo.beta=0.1"],
+                                   ["algo=fed_normec", "p=0.5", "algo.beta=1.0", "algo.gamma=0.01"]]],
+                         ids=["normec", "fed_normec"])
+def test_runs_side_by_side_replay_their_pass_from_a_cuda_graph(grid, tmp_path, data_root):
     """Issue 29.4-5: a vectorized group's one pass of its runs' clients, recorded after its warm-up and replayed,
     ends the runs as the plain pass does (every round's training loss to 1e-4, the evaluations to 1e-2, as a
-    single run's captured round), and their summaries say that the pass was replayed."""
+    single run's captured round), and their summaries say that the pass was replayed; for α-NormEC and for
+    Fed-α-NormEC under partial participation (every client computes, one draw for the group)."""
     from normfl.run import train_together
 
-    grid = [["algo=normec", "algo.beta=0.1"], ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]]
     common = ("model=resnet20", "dataset=cifar10", "dataset.train_limit=640", "dataset.test_limit=200", "clients=4",
               "batch_size=16", "device=cuda", "backend=stacked", "rounds=8", "eval_every=4")
     for capture in ("auto", "off"):
