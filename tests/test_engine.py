@@ -187,6 +187,41 @@ def test_fold_running_stats_identity_for_one_client():
     assert flat.module.bn1.num_batches_tracked.item() == start["bn1.num_batches_tracked"].item() + 1
 
 
+@pytest.mark.parametrize("runs", [1, 3])
+def test_client_stats_fold_every_layer_at_once_as_the_rule_does_layer_by_layer(runs):
+    """``ClientStats`` packs a module's running statistics by width (the module's buffers become views of the
+    packed rows, once per module) and folds all layers, of one module or of R side by side, in a few tensor
+    operations: bit for bit what ``fold_running_stats`` gives layer by layer, each module its own clients."""
+    from normfl.engine.batchnorm import ClientStats, packed
+
+    n = 4
+    flats = [make(models.resnet20) for _ in range(runs)]
+    gen = torch.Generator().manual_seed(0)
+    for flat in flats:                                   # distinct statistics per module
+        for b in flat.module.buffers():
+            if b.is_floating_point():
+                b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
+    refs = [make(models.resnet20) for _ in range(runs)]
+    for ref, flat in zip(refs, flats, strict=True):
+        ref.set_buffers(flat.buffers())
+    stats = ClientStats([f.module for f in flats], n)
+    assert packed(flats[0].module) is stats.packs[0]     # one packing per module, its buffers views of it
+    assert flats[0].module.bn1.running_mean.data_ptr() == stats.packs[0].rows[16][0].data_ptr()
+    copies = stats.fill()
+    for r, ref in enumerate(refs):
+        for key, c in copies.items():
+            assert torch.equal(c[r * n:(r + 1) * n], ref.buffers()[key].expand(n, -1))
+    for c in copies.values():                            # each client's update of its copies
+        c.mul_(0.9).add_(torch.rand(c.shape, generator=gen), alpha=0.1)
+    stats.fold()
+    for r, (ref, flat) in enumerate(zip(refs, flats, strict=True)):
+        fold_running_stats(ref.module, {k: v[r * n:(r + 1) * n] for k, v in copies.items()}, n)
+        for key, want in ref.buffers().items():
+            assert torch.equal(flat.buffers()[key], want), key
+    flats[0].module.bn1.running_mean = torch.zeros(16)   # a buffer set anew: packed again
+    assert packed(flats[0].module) is not stats.packs[0]
+
+
 def test_full_oracle_is_exact_mean_gradient_over_shard():
     torch.manual_seed(0)
     x_all = torch.randint(0, 256, (50, 1, 4, 4), dtype=torch.uint8)

@@ -12,6 +12,7 @@ communicated or averaged across clients beyond this, and they are not part of x.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 from torch import nn
@@ -54,42 +55,102 @@ def fold_running_stats(module: nn.Module, copies: dict, n: int) -> None:
         buffers[_key(prefix, "num_batches_tracked")].add_(n)
 
 
-class ClientStats:
-    """n clients' copies of a module's running statistics in buffers made once (a captured pass reads and
-    writes the same addresses each time): ``fill`` sets every copy to the module's statistics and returns
-    them, ``fold`` composes the clients' updates back into the module (``fold_running_stats``)."""
+class _Packed:
+    """A module's BatchNorm running statistics packed by width, made once per module (``packed``): the
+    ``running_mean`` and ``running_var`` of every tracked layer of C channels become rows of one ``[L, C]``
+    tensor (``rows[C]``), their ``num_batches_tracked`` entries of one ``[layers]`` tensor, so that a fold of all
+    layers is a few tensor operations (a kernel launch each on a GPU) instead of a few per layer. The module
+    keeps using them as its buffers (views); ``FlatModel.set_buffers`` writes into them in place."""
 
-    def __init__(self, module: nn.Module, n: int):
-        self.module, self.n = module, n
+    def __init__(self, module: nn.Module):
+        layers = tracked(module)
+        self.keys: dict[int, list[str]] = {}            # width -> the buffer names of its rows, in order
+        self.keep: dict[int, list[float]] = {}          # width -> 1 - momentum of each row's layer
+        for prefix, m in layers:
+            for stat in STATS:
+                width = getattr(m, stat).shape[0]
+                self.keys.setdefault(width, []).append(_key(prefix, stat))
+                self.keep.setdefault(width, []).append(1.0 - m.momentum)
         live = dict(module.named_buffers())
-        self.copies = {_key(p, s): live[_key(p, s)].new_empty(n, *live[_key(p, s)].shape)
-                       for p, _ in tracked(module) for s in STATS}
+        self.rows = {w: torch.stack([live[k] for k in keys]) for w, keys in self.keys.items()}
+        self.counts = torch.stack([m.num_batches_tracked for _, m in layers]) if layers else None
+        for w, keys in self.keys.items():
+            for row, key in zip(self.rows[w], keys, strict=True):
+                _set_buffer(module, key, row)
+        for i, (prefix, _) in enumerate(layers):
+            _set_buffer(module, _key(prefix, "num_batches_tracked"), self.counts[i])
+
+    def backs(self, module: nn.Module) -> bool:
+        """Whether the module's buffers are still these rows (``module.to`` or a buffer set anew replaces them)."""
+        live = dict(module.named_buffers())
+        return all(live[k].data_ptr() == row.data_ptr() for w, keys in self.keys.items()
+                   for k, row in zip(keys, self.rows[w], strict=True))
+
+
+def _set_buffer(module: nn.Module, key: str, value: torch.Tensor) -> None:
+    owner, _, name = key.rpartition(".")
+    setattr(module.get_submodule(owner) if owner else module, name, value)
+
+
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def packed(module: nn.Module) -> _Packed:
+    """The module's packed running statistics (``_Packed``), made the first time it is asked for (and made anew
+    if its buffers were replaced since): every ``ClientStats`` of one module shares them, so a CUDA graph that
+    recorded a fold writes where the module reads."""
+    pk = _PACKED.get(module)
+    if pk is None or not pk.backs(module):
+        pk = _PACKED[module] = _Packed(module)
+    return pk
+
+
+class ClientStats:
+    """n clients' copies of the running statistics of one module, or of each of R modules of one architecture
+    (runs side by side in one pass, ``run.vectorized``: n clients of each run, run after run), in buffers made
+    once (a captured pass reads and writes the same addresses each time). ``fill`` sets every client's copies to
+    its module's statistics and returns them (``[R·n, C]`` per buffer); ``fold`` composes the clients' updates
+    back into each module, in client order (the rule of ``fold_running_stats``). Both work on all layers of a
+    width at once (``_Packed``): about 30 tensor operations for a ResNet20 whatever R, against some 250 a
+    module layer by layer."""
+
+    def __init__(self, modules: nn.Module | list[nn.Module], n: int):
+        modules = [modules] if isinstance(modules, nn.Module) else list(modules)
+        self.packs, self.n = [packed(m) for m in modules], n
+        first, r = self.packs[0], len(modules)
+        self.copies, self._grouped = {}, {}
+        for w, keys in first.keys.items():
+            rows = first.rows[w]
+            grouped = rows.new_empty(len(keys), r * n, w)             # each layer's copies: one [R·n, C] block
+            keep = torch.tensor(first.keep[w], dtype=rows.dtype, device=rows.device)
+            # (1-m)^(n-1-i) for client i of each row; (1-m)^n for the statistics before the pass
+            powers = torch.stack([_powers(k, n, rows.dtype, rows.device) for k in first.keep[w]])
+            keep_n = torch.tensor([k ** n for k in first.keep[w]], dtype=rows.dtype, device=rows.device)
+            self._grouped[w] = (grouped, keep[:, None, None, None], powers[:, None, :, None], keep_n[:, None, None])
+            self.copies.update(zip(keys, grouped, strict=True))
+
+    def _stats(self, w: int) -> torch.Tensor:
+        """The modules' rows of width w as ``[L, R, C]`` (a view for one module, a stacked copy for several)."""
+        if len(self.packs) == 1:
+            return self.packs[0].rows[w][:, None]
+        return torch.stack([pk.rows[w] for pk in self.packs], 1)
 
     def fill(self) -> dict[str, torch.Tensor]:
-        live = dict(self.module.named_buffers())
-        for key, copy in self.copies.items():
-            copy.copy_(live[key].expand_as(copy))
+        for w, (grouped, *_) in self._grouped.items():
+            stats = self._stats(w)
+            grouped.view(len(grouped), len(self.packs), self.n, w).copy_(stats[:, :, None])
         return self.copies
 
     def fold(self) -> None:
-        fold_running_stats(self.module, self.copies, self.n)
-
-
-class RunsStats(ClientStats):
-    """``ClientStats`` of runs side by side in one pass (``run.vectorized``): n clients of each run, run after
-    run; each run's copies start from its own module's statistics and fold back into it."""
-
-    def __init__(self, modules: list[nn.Module], n: int):
-        super().__init__(modules[0], len(modules) * n)
-        self.runs = [(m, slice(r * n, (r + 1) * n)) for r, m in enumerate(modules)]
-
-    def fill(self) -> dict[str, torch.Tensor]:
-        for module, rows in self.runs:
-            live = dict(module.named_buffers())
-            for key, copy in self.copies.items():
-                copy[rows].copy_(live[key].expand_as(copy[rows]))
-        return self.copies
-
-    def fold(self) -> None:
-        for module, rows in self.runs:
-            fold_running_stats(module, {k: v[rows] for k, v in self.copies.items()}, rows.stop - rows.start)
+        """r <- (1-m)^n r + sum_i (1-m)^(n-1-i) (copy_i - (1-m) r), every layer and module at once."""
+        for w, (grouped, keep, powers, keep_n) in self._grouped.items():
+            stats = self._stats(w)
+            copies = grouped.view(len(grouped), len(self.packs), self.n, w)
+            update = (powers * (copies - keep * stats[:, :, None])).sum(2)
+            if len(self.packs) == 1:
+                stats.mul_(keep_n).add_(update)
+            else:
+                torch._foreach_copy_([pk.rows[w] for pk in self.packs], list((stats * keep_n + update).unbind(1)))
+        counts = [pk.counts for pk in self.packs if pk.counts is not None]
+        if counts:
+            torch._foreach_add_(counts, self.n)

@@ -91,7 +91,7 @@ class _Buffers:
 class StaticPass:
     """``StackedPass.grads`` on static buffers, replayed from a CUDA graph when ``capture`` (see the module
     docstring). Takes pieces of equal size only (``takes``). ``stats(n)``: the BatchNorm copies of a pass of n
-    clients (``ClientStats`` of the stacked model's module; ``RunsStats`` for runs side by side)."""
+    clients (``ClientStats`` of the stacked model's module, or of each run's for runs side by side)."""
 
     def __init__(self, stacked, capture: bool, stats=None):
         self.stacked, self.capture = stacked, capture

@@ -10,7 +10,7 @@ stacked pass over the R·n clients (``engine.lockstep.combined_pass``: each run'
 own), each run's noise from its own privatizer and generator; federated runs share one participation draw (their
 participation settings are part of the group's key). Where the runs' own passes would run on static buffers
 (``capture=auto|on``, equal batches), so does the group's: one ``engine.capture.StaticPass`` of the R·n clients,
-each run's BatchNorm copies starting from and folding into its own model (``engine.batchnorm.RunsStats``),
+each run's BatchNorm copies starting from and folding into its own model (``engine.batchnorm.ClientStats``),
 replayed from a CUDA graph on a GPU.
 
 Each run keeps its state as views of the group's, so its metrics, checkpoint and divergence stay its own; when
@@ -27,7 +27,7 @@ from normfl.algorithms.dpsgd import DPSGDNorm
 from normfl.algorithms.ef21 import EF21
 from normfl.algorithms.fed import FedAvg, FedNormEC
 from normfl.algorithms.memory import ClientMemory
-from normfl.engine.batchnorm import RunsStats
+from normfl.engine.batchnorm import ClientStats
 from normfl.engine.capture import StaticPass
 from normfl.engine.lockstep import combined_pass
 from normfl.ops import Bounding
@@ -117,7 +117,7 @@ class Group:
         engine = trainings[0].clients.engine
         self.static = None if engine.static is None else StaticPass(
             engine.stacked, engine.static.capture,
-            lambda n: RunsStats([t.setup.flat.module for t in trainings], n // len(trainings)))
+            lambda n: ClientStats([t.setup.flat.module for t in trainings], n // len(trainings)))
         for t in trainings:                              # what their summaries say of how their rounds ran
             t.captured = self.captured
 
