@@ -15,7 +15,8 @@ The parts, in order, each with a time limit so that the whole stays under 9 minu
    H200 and B did not); its CSV is written after each part, so a part stopped at its limit keeps what it
    measured;
 4. ``launches``: ``scripts/launches.py`` on setting A with the GPU profiled: the kernels one round runs, their
-   device time and the slowest;
+   device time and the slowest; then the same of 16 runs of A side by side (one vectorized round), where the
+   time limit allows;
 5. ``pass``: three passes of NORMEC's paper setting (α-NormEC, CIFAR-10, 10 clients, batch 32,
    ``reading=pass``, bf16), each evaluated, timed by the last: its time per step, and the paper run of 300 passes
    (42,000 steps, 300 evaluations) it implies. (The first pass holds the warm-up: cuDNN's autotuner, the
@@ -94,8 +95,8 @@ def main() -> None:
         "suite": ([*pytest, *workers(), *SUITE], {"NORMFL_TEST_DEVICE": "cuda"}),
         "bench": ([py, "scripts/bench.py", "--settings", "A", "B", "C", "D", "--together", "16", "--reps", "10",
                    "--sweep-rounds", "0", "--out", str(out / "bench.csv"), *overrides], None),
-        "launches": ([py, "scripts/launches.py", "--settings", "A", "device=cuda", "--out", str(out / "launches.csv"),
-                      *overrides], None),
+        "launches": ([py, "scripts/launches.py", "--settings", "A", "--together", "16", "device=cuda", "--out",
+                      str(out / "launches.csv"), *overrides], None),
         "pass": ([py, "train.py", *NORMEC_PASS, f"hydra.run.dir={out / 'normec-pass'}", *overrides], None),
     }
     parts = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import sys
 import tempfile
 from pathlib import Path
@@ -137,12 +138,15 @@ def main():
     ap.add_argument("--together", type=int, default=0, metavar="R", help="also R runs of A as one vectorized round")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "launches.csv")
     args, overrides = ap.parse_known_args()
-    rows = [launches(s, [f"backend={args.backend}", *overrides]) for s in args.settings]
-    if args.together:
-        rows.append(together(args.together, ["backend=stacked", *overrides]))
-    table = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out, index=False)
+    parts = [functools.partial(launches, s, [f"backend={args.backend}", *overrides]) for s in args.settings]
+    if args.together:
+        parts.append(functools.partial(together, args.together, ["backend=stacked", *overrides]))
+    rows = []
+    for part in parts:                      # the CSV after each row: a run stopped at a time limit keeps them
+        rows.append(part())
+        table = pd.DataFrame(rows)
+        table.to_csv(args.out, index=False)
     with pd.option_context("display.max_colwidth", 90, "display.width", 200):
         print(table.drop(columns=["what"]).to_string(index=False))
 
