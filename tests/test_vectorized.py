@@ -144,3 +144,48 @@ def test_a_groups_pass_on_static_buffers_equals_the_plain_pass(tmp_path, data_ro
         assert how["auto"] == ("2 runs side by side, one vectorized round, their pass eager on static buffers (CUDA "
                                "graphs need a CUDA device; this run computes on cpu)")
         assert how["off"] == "2 runs side by side, one vectorized round, the plain pass (off)"
+
+
+@pytest.mark.parametrize("grid", ["normec", "fed_normec"])
+def test_grouped_runs_stopped_by_a_signal_resume_to_the_runs_made_alone(grid, tmp_path, data_root, monkeypatch,
+                                                                        caplog):
+    """A campaign stopped while its runs step as one (a scheduler's SIGTERM, a device call's time limit): each run
+    saves its own checkpoint; trained again, they group again from there and end as the runs made alone."""
+    import itertools
+    import signal
+
+    from normfl.run import together
+    from normfl.run.training import Interrupts, Stopped
+
+    polls = itertools.count()
+
+    class StopAtStep3(Interrupts):                       # SIGTERM, as read after the group's third round
+        POLL_S = 0.0
+
+        def __init__(self):
+            super().__init__(lambda: signal.SIGTERM if next(polls) == 2 else None)
+
+    extra = ["rounds=6", "eval_every=3"]
+    jobs = []
+    for i, overrides in enumerate(GRIDS[grid]):
+        (tmp_path / "together" / str(i)).mkdir(parents=True)
+        jobs.append((config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "together" / str(i)))
+    with monkeypatch.context() as m:
+        m.setattr(together, "Interrupts", StopAtStep3)
+        with pytest.raises(Stopped):
+            train_together(jobs)
+    from normfl import checkpoint
+
+    for _, run_dir in jobs:                              # stopped after round 3 of 6, each with its own checkpoint
+        assert checkpoint.peek(run_dir)["rows"][-1]["round"] == 3 and not (run_dir / "summary.json").exists()
+    made = []
+    monkeypatch.setattr(vectorized.Group, "__init__", lambda self, members, real=vectorized.Group.__init__:
+                        (made.append(len(members)), real(self, members))[1])
+    with caplog.at_level("INFO", logger="normfl"):
+        assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(jobs)
+    assert made == [len(jobs)]                           # grouped again, from their checkpoints
+    assert caplog.text.count("resuming from round 3") == len(jobs)
+    for i, overrides in enumerate(GRIDS[grid]):
+        (tmp_path / "alone" / str(i)).mkdir(parents=True)
+        run(config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "alone" / str(i))
+        assert_same_run(tmp_path / "alone" / str(i), tmp_path / "together" / str(i))
