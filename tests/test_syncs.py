@@ -95,3 +95,21 @@ def test_an_algorithm_that_reads_its_loss_is_caught(tmp_path, data_root, monkeyp
     monkeypatch.setattr(ef21.EF21, "round", reads)
     syncs = counted(["algo=normec"], tmp_path, data_root)
     assert syncs.count == 3 and all(w.startswith("item at ") for w in syncs.where)
+
+
+def test_batchnorm_copies_made_each_pass_wait_for_nothing():
+    """The thread path makes a ``ClientStats`` for every pass (``engine.lockstep.combined_pass``): after the first
+    of a module and size, making, filling and folding one copies nothing from the host (its factors are made
+    once per module), for one module and for runs side by side."""
+    from normfl import models
+    from normfl.engine import FlatModel
+    from normfl.engine.batchnorm import ClientStats
+
+    modules = [FlatModel(models.resnet20((3, 32, 32), 10), torch.device("cpu")).module for _ in range(2)]
+    for group in ([modules[0]], modules):
+        ClientStats(group, 3)
+        with Counter() as syncs:
+            stats = ClientStats(group, 3)
+            stats.fill()
+            stats.fold()
+        assert syncs.count == 0, dict(syncs.where)

@@ -79,6 +79,19 @@ class _Packed:
                 _set_buffer(module, key, row)
         for i, (prefix, _) in enumerate(layers):
             _set_buffer(module, _key(prefix, "num_batches_tracked"), self.counts[i])
+        self._factors: dict[tuple[int, int], tuple] = {}
+
+    def factors(self, w: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For the rows of width w and a pass of n clients: 1-m of each row, (1-m)^(n-1-i) for client i, and
+        (1-m)^n, shaped to meet ``[L, R, n, C]`` copies; made once (a tensor made from host values is a copy
+        that waits on a GPU, and the thread path makes a ``ClientStats`` every pass)."""
+        if (w, n) not in self._factors:
+            rows, keep = self.rows[w], self.keep[w]
+            like = {"dtype": rows.dtype, "device": rows.device}
+            self._factors[w, n] = (torch.tensor(keep, **like)[:, None, None, None],
+                                   torch.stack([_powers(k, n, **like) for k in keep])[:, None, :, None],
+                                   torch.tensor([k ** n for k in keep], **like)[:, None, None])
+        return self._factors[w, n]
 
     def backs(self, module: nn.Module) -> bool:
         """Whether the module's buffers are still these rows (``module.to`` or a buffer set anew replaces them)."""
@@ -120,13 +133,8 @@ class ClientStats:
         first, r = self.packs[0], len(modules)
         self.copies, self._grouped = {}, {}
         for w, keys in first.keys.items():
-            rows = first.rows[w]
-            grouped = rows.new_empty(len(keys), r * n, w)             # each layer's copies: one [R·n, C] block
-            keep = torch.tensor(first.keep[w], dtype=rows.dtype, device=rows.device)
-            # (1-m)^(n-1-i) for client i of each row; (1-m)^n for the statistics before the pass
-            powers = torch.stack([_powers(k, n, rows.dtype, rows.device) for k in first.keep[w]])
-            keep_n = torch.tensor([k ** n for k in first.keep[w]], dtype=rows.dtype, device=rows.device)
-            self._grouped[w] = (grouped, keep[:, None, None, None], powers[:, None, :, None], keep_n[:, None, None])
+            grouped = first.rows[w].new_empty(len(keys), r * n, w)    # each layer's copies: one [R·n, C] block
+            self._grouped[w] = (grouped, *first.factors(w, n))
             self.copies.update(zip(keys, grouped, strict=True))
 
     def _stats(self, w: int) -> torch.Tensor:
