@@ -131,10 +131,10 @@ class ClientStats:
         modules = [modules] if isinstance(modules, nn.Module) else list(modules)
         self.packs, self.n = [packed(m) for m in modules], n
         first, r = self.packs[0], len(modules)
-        self.copies, self._grouped = {}, {}
+        self.copies, self._grouped, self._before = {}, {}, {}
         for w, keys in first.keys.items():
             grouped = first.rows[w].new_empty(len(keys), r * n, w)    # each layer's copies: one [R·n, C] block
-            self._grouped[w] = (grouped, *first.factors(w, n))
+            self._grouped[w] = (grouped.view(len(keys), r, n, w), *first.factors(w, n))
             self.copies.update(zip(keys, grouped, strict=True))
 
     def _stats(self, w: int) -> torch.Tensor:
@@ -144,16 +144,17 @@ class ClientStats:
         return torch.stack([pk.rows[w] for pk in self.packs], 1)
 
     def fill(self) -> dict[str, torch.Tensor]:
-        for w, (grouped, *_) in self._grouped.items():
-            stats = self._stats(w)
-            grouped.view(len(grouped), len(self.packs), self.n, w).copy_(stats[:, :, None])
+        """Every client's copies set to its module's statistics, which ``fold`` then starts from (the pass between
+        them changes only the copies)."""
+        for w, (copies, *_) in self._grouped.items():
+            self._before[w] = self._stats(w)
+            copies.copy_(self._before[w][:, :, None])
         return self.copies
 
     def fold(self) -> None:
         """r <- (1-m)^n r + sum_i (1-m)^(n-1-i) (copy_i - (1-m) r), every layer and module at once."""
-        for w, (grouped, keep, powers, keep_n) in self._grouped.items():
-            stats = self._stats(w)
-            copies = grouped.view(len(grouped), len(self.packs), self.n, w)
+        for w, (copies, keep, powers, keep_n) in self._grouped.items():
+            stats = self._before[w]
             update = (powers * (copies - keep * stats[:, :, None])).sum(2)
             if len(self.packs) == 1:
                 stats.mul_(keep_n).add_(update)
