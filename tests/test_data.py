@@ -98,6 +98,12 @@ def test_fashion_mnist_not_found_lists_places(tmp_path):
     for place in (root / "FashionMNIST" / "raw", offline / "FashionMNIST" / "raw", "download=False"):
         assert str(place) in msg
     assert isinstance(err.value, FileNotFoundError)
+    (offline / "FashionMNIST" / "raw").mkdir(parents=True)
+    (offline / "FashionMNIST" / "raw" / "train-images-idx3-ubyte.gz").write_bytes(b"not the archive")
+    with pytest.raises(DataNotFoundError) as err:
+        load_fashion_mnist(root, offline, download=False)
+    assert "missing: train-labels-idx1-ubyte.gz, t10k-images" in str(err.value)
+    assert "wrong md5: train-images-idx3-ubyte.gz (offline copy)" in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------- CIFAR-10
@@ -225,6 +231,20 @@ def test_cifar_not_found_lists_places(tmp_path):
         assert str(place) in msg
     with pytest.raises(DataNotFoundError, match="offline_dir=None"):
         load_cifar10(root, None, download=False)
+
+
+@pytest.mark.parametrize("loader", [load_cifar10, load_fashion_mnist])
+def test_relative_places_name_the_working_directory(loader, tmp_path, monkeypatch):
+    """A relative root or offline folder (the default ../shared/data, say) is read from the working directory:
+    run from elsewhere, the error says which one; an absent offline copy is called missing, not damaged."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataNotFoundError) as err:
+        loader("data", "../elsewhere", download=False)
+    assert f"relative paths are read from the working directory, {tmp_path}" in str(err.value)
+    assert "wrong md5" not in str(err.value)
+    with pytest.raises(DataNotFoundError) as err:
+        loader(tmp_path / "data", tmp_path / "offline", download=False)
+    assert "working directory" not in str(err.value)
 
 
 def test_offline_dir_from_env_var(tmp_path, monkeypatch):

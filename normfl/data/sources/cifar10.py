@@ -75,6 +75,7 @@ def load_cifar10(
                 f"pass offline_dir (or set ${OFFLINE_ENV}) to a folder holding {CIFAR10_JPEG_ARCHIVE} and "
                 f"{CIFAR10_LABELS} (lossy JPEG copy; results are labelled 'CIFAR-10 (JPEG copy)')",
             ],
+            (root, offline),
         )
     return make("cifar10", label, source, arrays, split, holdout_fraction, split_seed, mean, std)
 

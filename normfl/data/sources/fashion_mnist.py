@@ -51,9 +51,11 @@ def load_fashion_mnist(
             from torchvision.datasets.utils import check_integrity
 
             src, resources = offline / "FashionMNIST" / "raw", _torchvision_fmnist().resources
-            bad = [f for f, md5 in resources if not check_integrity(str(src / f), md5)]
-            if bad:
-                looked.append(f"{src}: missing or wrong md5: {', '.join(bad)} (offline copy)")
+            missing = [f for f, _ in resources if not (src / f).is_file()]
+            bad = [f for f, md5 in resources if f not in missing and not check_integrity(str(src / f), md5)]
+            if missing or bad:
+                why = [f"{what}: {', '.join(fs)}" for what, fs in (("missing", missing), ("wrong md5", bad)) if fs]
+                looked.append(f"{src}: {'; '.join(why)} (offline copy)")
             else:
                 for f, md5 in resources:
                     if not check_integrity(str(raw / f), md5):
@@ -82,6 +84,7 @@ def load_fashion_mnist(
                 "(the four original idx files)",
                 "pass download=True on a machine with internet access",
             ],
+            (root, offline),
         )
     return make(
         "fashion_mnist", "Fashion-MNIST", source, arrays, split, holdout_fraction, split_seed, mean, std

@@ -73,8 +73,12 @@ def try_download(url: str, download: bool, fetch: Callable[[], object], looked: 
         return False
 
 
-def not_found(what: str, looked: list[str], how: list[str]) -> DataNotFoundError:
+def not_found(what: str, looked: list[str], how: list[str], places=()) -> DataNotFoundError:
+    """The error listing every place looked and how to fix it; where one of ``places`` (the root, the offline
+    folder) is a relative path, it names the working directory it was read from."""
     lines = [f"{what} not found. Looked in:"] + [f"  - {x}" for x in looked]
+    if any(p is not None and not Path(p).is_absolute() for p in places):
+        lines.append(f"  (relative paths are read from the working directory, {Path.cwd()})")
     lines += [f"To provide {what}, do one of:"] + [f"  - {x}" for x in how]
     return DataNotFoundError("\n".join(lines))
 
