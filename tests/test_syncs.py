@@ -113,3 +113,37 @@ def test_batchnorm_copies_made_each_pass_wait_for_nothing():
             stats.fill()
             stats.fold()
         assert syncs.count == 0, dict(syncs.where)
+
+
+GROUPS = ["normec", "dp", "dp_dpsgd", "fed_normec", "dp_fed_normec", "dp_fedavg", "dp_fedavg_server", "resnet20"]
+
+
+@pytest.mark.parametrize("grid", GROUPS)
+def test_runs_side_by_side_step_as_one_without_a_host_sync(grid, tmp_path, data_root):
+    """A vectorized group's round (``run.vectorized``: each run's noise from its own privatizer, one participation
+    draw for the group, each run's metrics and divergence kept apart, ResNet20's BatchNorm statistics folded per
+    run) reads nothing from the device between evaluations either: on a GPU, 16 runs side by side would otherwise
+    wait for it once a run or more every round."""
+    from normfl.run import vectorized
+    from tests.test_stacked import config
+    from tests.test_vectorized import CIFAR, GRIDS
+
+    extra = CIFAR if grid == "resnet20" else ["rounds=6"] if "fed" in grid else []
+    cache, trainings = {}, []
+    for i, overrides in enumerate(GRIDS[grid]):
+        cfg = config(data_root, "backend=stacked", "device=cpu", "eval_every=100", "checkpoint_every=0", *extra,
+                     *overrides)
+        trainings.append(start(cfg, tmp_path / str(i), cache, progress=False))
+    try:
+        (members,), rest = vectorized.groups(trainings)
+        assert len(members) == len(trainings) and not rest
+        group = vectorized.Group(members)
+        group.round()                                    # a first round: what is made on first use
+        with Counter() as syncs:
+            for _ in range(3):
+                group.round()
+        assert syncs.count == 0, dict(syncs.where)
+        assert all(t.step == 4 and t.active for t in trainings)
+    finally:
+        for t in trainings:
+            t.rundir.release()
