@@ -96,6 +96,8 @@ CONFIG = [
     ("p ignored", ["algo=normec", "p=0.5"], "p=0.5; allowed: 1.0 with algo=normec"),
     ("no cuda", ["device=cuda"], "device='cuda'; allowed: auto or cpu"),
     ("npz without path", ["dataset=npz"], "dataset.path='???'; allowed: the path of an .npz file"),
+    ("npz not there", ["dataset=npz", "dataset.path=no-such.npz"],
+     "dataset.path='no-such.npz'; allowed: an existing .npz file (relative to the working directory, "),
     ("hidden width", ["model=mlp", "model.hidden=[0]"], "model.hidden=[0]; allowed: a list of integers >= 1 with "
      "model=mlp"),
     ("hidden width not a list", ["model=mlp", "model.hidden=300"], "model.hidden=300; allowed: a list of integers"),

@@ -217,7 +217,8 @@ def validate(cfg: DictConfig) -> None:
     if get(cfg, "dataset._target_") == "normfl.data.load_npz" and OmegaConf.is_missing(cfg.dataset, "path"):
         raise ConfigError("dataset.path", "???", "the path of an .npz file: dataset=npz dataset.path=FILE")
     if get(cfg, "dataset.path") is not None and not Path(cfg.dataset.path).is_file():
-        raise ConfigError("dataset.path", cfg.dataset.path, "an existing .npz file")
+        where = "" if Path(cfg.dataset.path).is_absolute() else f" (relative to the working directory, {Path.cwd()})"
+        raise ConfigError("dataset.path", cfg.dataset.path, f"an existing .npz file{where}")
     for key in ("data_root", "offline_data"):
         if not isinstance(v := get(cfg, key), str) or not v:
             raise ConfigError(key, v, "a directory's path (data_root: torchvision's data and the caches; offline_data: "
