@@ -223,6 +223,26 @@ def test_a_misspelled_key_in_a_sweep_is_refused_as_typed_and_other_hydra_errors_
     assert unknown_key("hydra.foo", ["hydra.foo=1"]) is None          # Hydra's message names Hydra's keys
 
 
+@pytest.mark.parametrize("launcher, expect", [([], 4), (["hydra/launcher=joblib"], 4), (["hydra/launcher=slurm"], 0)])
+def test_a_sweeps_refused_jobs_are_named_before_any_job_starts(launcher, expect):
+    """A local sweep lists the jobs its validation will refuse before it starts any (the grid of an experiment's
+    sweeper params with a value of the command line over it: 4 β x 2 γ, γ = -2 refused in jobs 1, 3, 5, 7); on
+    SLURM the jobs run on other machines, whose cores and devices the sweep's own machine cannot judge."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    from normfl.run.cli import refusals
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=normec_np_dpsgd", *launcher], return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.overrides.task = ["experiment=normec_np_dpsgd", "algo.gamma=0.1,-2", *launcher]
+        found = refusals(cfg)
+    assert [num for num, *_ in found] == [1, 3, 5, 7][:expect]
+    assert all(str(err) == "invalid config: algo.gamma=-2; allowed: a number > 0, finite" and "algo.gamma=-2" in o
+               for _, o, err in found)
+
+
 @pytest.mark.parametrize("name, content, expect", NPZ, ids=[c[0] for c in NPZ])
 def test_bad_npz_contents(name, content, expect, tmp_path, data_root):
     path = tmp_path / "data.npz"

@@ -56,6 +56,9 @@ def test_divergence_is_recorded_and_sweep_carries_on(tmp_path, data_root):
     # the jobs ran in joblib's worker processes; the sweep still counts them and names the refused one
     assert "normfl sweep: 1 diverged, 1 completed, 1 refused" in out.stderr
     assert "job 2 refused: invalid config: algo.gamma=-1; allowed: a number > 0" in out.stderr
+    said = "algo=dpsgd_norm algo.gamma=-1): invalid config: algo.gamma=-1"   # said before any job started
+    assert out.stderr.index("normfl sweep: job 2 will be refused (") < out.stderr.index(said) < \
+        out.stderr.index("normfl: job 2 refused"), out.stderr
     jobs = {d.name.split("_", 1)[0]: d for d in tmp_path.iterdir() if d.is_dir()}
     assert sorted(jobs) == ["0", "1"]                      # job 2 (gamma=-1) refused, no directory left
     status = [json.loads((jobs[j] / "summary.json").read_text())["status"] for j in ("0", "1")]

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normfl import checkpoint
 from normfl.config import config_key
@@ -322,6 +322,41 @@ class SweepStop:
         os.environ.pop(SWEEP_PID, None)
 
 
+LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "StackedLauncher", "LocalLauncher")   # jobs run here
+
+
+def refusals(config: DictConfig) -> list[tuple[int, list[str], ConfigError]]:
+    """The jobs of a sweep that their validation will refuse, each (job number, overrides, error), found before any
+    job starts, as Hydra's basic sweeper will number them; none for other sweepers, and none for launchers whose
+    jobs run elsewhere (SLURM: another machine's cores and devices). A job whose config composes or validates
+    only where it runs (its data's client count, say) is left to the job."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from normfl.config import validate
+
+    hc = config.hydra
+    if not str(hc.sweeper.get("_target_", "")).endswith(".BasicSweeper") or \
+            not str(hc.launcher.get("_target_", "")).endswith(LOCAL_LAUNCHERS):
+        return []
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{k}={v}" for k, v in (hc.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *hc.overrides.task])
+    found = []
+    for num, overrides in enumerate(o for batch in BasicSweeper.split_arguments(parsed, None) for o in batch):
+        try:
+            cfg = loader.load_sweep_config(config, list(overrides))
+            with open_dict(cfg):
+                del cfg["hydra"]
+            validate(cfg)
+        except ConfigError as err:
+            found.append((num, list(overrides), err))
+        except Exception:  # noqa: BLE001 (not refused here; the job says what it is)
+            continue
+    return found
+
+
 def refuse_a_file(key: str, path) -> None:
     if Path(str(path)).exists() and not Path(str(path)).is_dir():
         sys.exit(f"normfl: {ConfigError(key, str(path), 'a directory (this path is a file)')}")
@@ -346,6 +381,8 @@ class SweepReport(Callback):
         refuse_a_file("hydra.sweep.dir", config.hydra.sweep.dir)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         (sweep_dir / OUTCOMES / STOP).unlink(missing_ok=True)           # asked of an earlier sweep here
+        for num, overrides, err in refusals(config):
+            print(f"normfl sweep: job {num} will be refused ({' '.join(overrides)}): {err}", file=sys.stderr)
         if "joblib" in str(config.hydra.launcher.get("_target_", "")):
             self.stop = SweepStop(sweep_dir)
 
