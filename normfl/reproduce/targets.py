@@ -36,7 +36,7 @@ class Target:
 NORMEC_TOL = dict(tolerance=2.0, why="one seed (42) in the paper and here; CIFAR-10 from the JPEG copy")
 A2_CAUSE = ("Reading A2 (docs/readings.md), text profile: a round read literally is one minibatch of 32 per client, "
             "so 300 rounds are about two epochs (four with FEDNORMEC's 20 clients); under this reading NORMEC-T2's "
-            "best run reaches 59.9% (no SN, β = γ = 1), not 86%. The other reading, a round as one pass over each "
+            "best run reaches 59.40% (no SN, β = γ = 1), not 86%. The other reading, a round as one pass over each "
             "client's shard (140 minibatch steps with NORMEC's 10 clients, 70 with FEDNORMEC's 20), reaches the "
             "paper's magnitudes: 300 passes of α-NormEC at β = γ = 0.1 end at 85.5% with SN (Table 2: 85.43%) and "
             "83.4% without (86.09%), measured on an H100 by a stand-alone probe. That reading is now the paper "
