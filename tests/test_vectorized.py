@@ -2,6 +2,8 @@
 ``[R, 1(, 1)]`` tensors, one EF21 round for all; each run still ends as it does alone, with its own metrics,
 checkpoint and divergence."""
 
+import os
+
 import pytest
 import torch
 
@@ -119,14 +121,18 @@ def test_a_grouped_federated_run_checkpoints_its_own_memories(tmp_path, data_roo
 
 
 def test_a_groups_pass_on_static_buffers_equals_the_plain_pass(tmp_path, data_root):
-    """With ``capture=auto`` a group's R·n clients go through one pass on static buffers (replayed from a CUDA
-    graph on a GPU, eager here), each run's BatchNorm copies starting from and folding into its own model: the
-    runs end as with the plain pass (``capture=off``), bit for bit on the CPU, and their summaries say how they
-    ran."""
+    """With ``capture=auto`` a group's R·n clients go through one pass on static buffers (eager here), each run's
+    BatchNorm copies starting from and folding into its own model: the runs end as with the plain pass
+    (``capture=off``), bit for bit on the CPU, and their summaries say how they ran. On CUDA
+    (``NORMFL_TEST_DEVICE=cuda``) to 1e-4, cuDNN's convolution gradients not being bitwise reproducible (the third
+    round's training loss moved 3.4e-6 on an H200), and these three rounds end before the pass is recorded
+    (tests/test_gpu.py replays it)."""
     import json
 
     import numpy as np
     import pandas as pd
+
+    cuda = os.environ["NORMFL_DEVICE"] == "cuda"
 
     for capture in ("auto", "off"):
         jobs = []
@@ -138,11 +144,13 @@ def test_a_groups_pass_on_static_buffers_equals_the_plain_pass(tmp_path, data_ro
     for i in range(len(GRIDS["resnet20"])):
         a, b = (tmp_path / c / str(i) for c in ("auto", "off"))
         pd.testing.assert_frame_equal(*(pd.read_csv(d / "metrics.csv").drop(columns="wall_time") for d in (a, b)),
-                                      check_exact=True)
-        assert np.array_equal(np.load(a / "params.npy"), np.load(b / "params.npy"))
+                                      check_exact=not cuda, rtol=1e-4)
+        pa, pb = (np.load(d / "params.npy") for d in (a, b))
+        assert np.linalg.norm(pa - pb) <= 1e-4 * np.linalg.norm(pb) if cuda else np.array_equal(pa, pb)
         how = {c: json.loads((tmp_path / c / str(i) / "summary.json").read_text())["capture"] for c in ("auto", "off")}
-        assert how["auto"] == ("2 runs side by side, one vectorized round, their pass eager on static buffers (CUDA "
-                               "graphs need a CUDA device; this run computes on cpu)")
+        assert how["auto"] == ("2 runs side by side, one vectorized round, their pass " +
+                               ("eager on static buffers (not yet past its warm-up)" if cuda else
+                                "eager on static buffers (CUDA graphs need a CUDA device; this run computes on cpu)"))
         assert how["off"] == "2 runs side by side, one vectorized round, the plain pass (off)"
 
 
