@@ -10,6 +10,7 @@ import torch
 
 from normfl import models
 from normfl.data import ClientData, Preprocess
+from normfl.data.clients import Batches
 from normfl.engine import ClientEngine, FlatModel, choose_backend, clipping, fold_running_stats
 from normfl.engine import clients as clients_module
 
@@ -255,6 +256,33 @@ def test_minibatch_stream_reshuffles_per_pass_and_is_seeded():
     first_pass = sorted(v for r in s[:3] for v in r[0])
     assert len(set(first_pass)) == 9 and set(first_pass) <= set(range(10))   # no repeats within a pass
     assert all(set(r[1]) <= set(range(10, 20)) for r in s)                 # clients keep to their shards
+
+
+def test_data_draws_as_another_where_its_next_batches_are_the_others():
+    """``draws_as``, which lets runs side by side share their batch streams: yes where the samples, shards,
+    batch size, seed and augmentation are the same and the streams stand at the same place, whatever was asked
+    of them; no when any of these differs. ``peek`` leaves the streams' dict in place (runs may share it)."""
+    x_all = torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8)
+    y_all, parts = torch.zeros(40, dtype=torch.long), [np.arange(0, 20), np.arange(20, 40)]
+    prep = Preprocess((0.5,) * 3, (0.25,) * 3, CPU)
+    shared = Batches(x_all, y_all, prep)
+
+    def data(seed=0, batch=3, augment=True, batches=shared):
+        return ClientData(x_all, y_all, parts, batch, seed, prep, augment, batches=batches)
+
+    a, b = data(), data()
+    assert b.draws_as(a)
+    for ids in (None, [1], [0, 1], [1]):
+        a.next_batches(ids)
+        assert not b.draws_as(a)
+        b.next_batches(ids)
+        assert b.draws_as(a) and a.draws_as(b)
+    streams = a.streams
+    for (xa, ya, _), (xb, yb, _) in zip((p[0] for p in a.peek()), (p[0] for p in b.peek()), strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert a.streams is streams and b.draws_as(a)
+    for other in (data(seed=1), data(batch=4), data(augment=False), data(batches=Batches(x_all, y_all, prep))):
+        assert not other.draws_as(data())
 
 
 def test_a_shard_smaller_than_a_batch_is_its_own_batch_and_said():

@@ -43,9 +43,22 @@ CIFAR = ["dataset=cifar10", "model=resnet20", "dataset.train_limit=96", "dataset
 
 @pytest.mark.parametrize("grid", GRIDS)
 def test_runs_that_differ_in_scalars_step_as_one_and_equal_the_runs_alone(grid, tmp_path, data_root, monkeypatch):
-    made = []
+    """... and, sharing one seed, draw each round's batches once for all of them (the host's draws: one
+    ``next_batches`` a group round)."""
+    from normfl.data.clients import ClientData
+
+    made, draws, per_round = [], [], []
+
+    def group_round(self, real=vectorized.Group.round):
+        before = len(draws)
+        real(self)
+        per_round.append(len(draws) - before)
+
     monkeypatch.setattr(vectorized.Group, "__init__", lambda self, members, real=vectorized.Group.__init__:
                         (made.append(len(members)), real(self, members))[1])
+    monkeypatch.setattr(vectorized.Group, "round", group_round)
+    monkeypatch.setattr(ClientData, "next_batches", lambda self, ids=None, real=ClientData.next_batches:
+                        (draws.append(id(self.streams)), real(self, ids))[1])
     extra = CIFAR if grid == "resnet20" else ["rounds=6", "eval_every=3"] if "fed" in grid else []
     jobs = []
     for i, overrides in enumerate(GRIDS[grid]):
@@ -54,6 +67,7 @@ def test_runs_that_differ_in_scalars_step_as_one_and_equal_the_runs_alone(grid, 
     assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(jobs)
     private = {i for i, o in enumerate(GRIDS[grid]) if "algo=dp_clip21" in o}   # Clip21 and DP-Clip21: apart
     assert made == [len(jobs) - len(private)]                                  # one group, made once
+    assert per_round and set(per_round) == {1}                                 # one draw a round for the group
     for i, overrides in enumerate(GRIDS[grid]):
         (tmp_path / "alone" / str(i)).mkdir(parents=True)
         run(config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "alone" / str(i))

@@ -133,6 +133,25 @@ class ClientData:
             self.streams[i] = [rng, rng.permutation(len(self.parts[i])), 0, aug]
         return self.streams[i]
 
+    def draws_as(self, other: ClientData) -> bool:
+        """Whether this data's next batches are ``other``'s, whatever is asked of them: the same samples, shards,
+        batch sizes, seed and augmentation, and streams that stand where ``other``'s stand (runs side by side
+        with one seed, at one step)."""
+        if self.streams is other.streams:
+            return True
+        if (self.batches is not other.batches or (self.seed, self.batch, self.augment, self.oracle) !=
+                (other.seed, other.batch, other.augment, other.oracle) or len(self.parts) != len(other.parts)
+                or self.streams.keys() != other.streams.keys()
+                or not all(a is b or torch.equal(a, b) for a, b in zip(self.parts, other.parts, strict=True))):
+            return False
+        for i, (rng, order, pos, aug) in self.streams.items():
+            o = other.streams[i]
+            if (pos != o[2] or rng.bit_generator.state != o[0].bit_generator.state or not np.array_equal(order, o[1])
+                    or (aug is None) != (o[3] is None) or (aug is not None and not torch.equal(aug.get_state(),
+                                                                                             o[3].get_state()))):
+                return False
+        return True
+
     def _take(self, i: int) -> tuple[np.ndarray, torch.Tensor | None]:
         """Client i's next minibatch draws on the host: its sample indices and, when augmenting, its crop and
         flip offsets (``[3, b]``)."""
@@ -202,7 +221,8 @@ class ClientData:
         saved = {i: (copy.deepcopy(st[:3]), st[3].get_state() if st[3] is not None else None)
                  for i, st in self.streams.items()}
         batches = self.next_batches(ids)
-        self.streams = {i: self.streams[i] for i in saved}           # drop the streams peek made
+        for i in self.streams.keys() - saved.keys():                  # drop the streams peek made (in place: runs
+            del self.streams[i]                                       # side by side may share the dict)
         for i, (head, aug) in saved.items():
             self.streams[i][:3] = head
             if aug is not None:

@@ -114,6 +114,10 @@ class Group:
         box.privatize = self.privatize
         self.box, self.algos = box, algos
         self.X = torch.stack([t.x for t in trainings])     # the runs' models; each run's x is a row of it
+        lead = trainings[0].clients.data
+        for t in trainings[1:]:                          # runs whose batch streams stand where the first's do share
+            if t.clients.data.draws_as(lead):            # them, and their batches are drawn once a step for all
+                t.clients.data.streams = lead.streams
         engine = trainings[0].clients.engine
         self.static = None if engine.static is None else StaticPass(
             engine.stacked, engine.static.capture,
@@ -141,9 +145,13 @@ class Group:
 
     def grads(self, X: torch.Tensor, batches=None, ids=None):
         """``[R, n, d]`` gradients and ``[R, n]`` losses: each run's clients (all, or the round's participants
-        ``ids``) on their next batches (drawn from each run's own streams, one gather for all), in one stacked
-        pass."""
-        batches = [t.clients.data.next_batches(ids) for t in self.trainings]
+        ``ids``) on their next batches (drawn once from each set of streams the runs share, one gather for all), in
+        one stacked pass."""
+        drawn: dict[int, list] = {}
+        for t in self.trainings:
+            if id(t.clients.data.streams) not in drawn:
+                drawn[id(t.clients.data.streams)] = t.clients.data.next_batches(ids)
+        batches = [drawn[id(t.clients.data.streams)] for t in self.trainings]
         piece = [b[0] for bs in batches for b in bs]
         if not piece:                                    # nobody computes (an empty Bernoulli draw)
             return X.new_zeros(len(X), 0, X.shape[-1]), X.new_zeros(len(X), 0)
