@@ -49,7 +49,7 @@ lint: $(STAMP)
 bench: $(STAMP)            ## round time of settings A-D against the compute floor and paper-style code
 	$(BIN)/python scripts/bench.py $(ARGS)
 
-gpu-check: $(STAMP)        ## on a GPU: the GPU tests, the suite's equality tests on CUDA, the bench (A-D, 16 runs), a round's kernels, timed NORMEC passes -> outputs/gpu-check/report.md
+gpu-check: $(STAMP)        ## on a GPU: the GPU tests, the suite's equality tests on CUDA, the bench of A (16 runs, in a row), a round's kernels, timed NORMEC passes -> outputs/gpu-check/report.md (B-D: ARGS="--parts bench-bcd")
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
 scale: $(STAMP)            ## round time and peak memory at 1,000 / 10,000 / 100,000 clients

@@ -10,10 +10,9 @@ The parts, in order, each with a time limit so that the whole stays under 9 minu
 2. ``suite``: the CPU suite's resume and equality tests (``SUITE``) with ``device=auto`` meaning CUDA
    (``NORMFL_TEST_DEVICE=cuda``): killed runs resume to the same bits, stacked equals sequential, runs side
    by side equal runs alone, captured equals eager, the same seed gives the same bits;
-3. ``bench``: ``scripts/bench.py`` on setting A, A's rounds in a row, 16 runs of A side by side, then B-D,
-   10 rounds each after a warm-up (with 30, the bench's default on CUDA, A finished within a 200 s limit on an
-   H200 and B did not); its CSV is written after each part, so a part stopped at its limit keeps what it
-   measured;
+3. ``bench``: ``scripts/bench.py`` on setting A, A's rounds in a row and 16 runs of A side by side, 10 rounds
+   each after a warm-up (on an H200 these took the part's whole 220 s; with 30, the bench's default on CUDA, A
+   alone took 200 s); its CSV is written after each part, so a part stopped at its limit keeps what it measured;
 4. ``launches``: ``scripts/launches.py`` on setting A with the GPU profiled: the kernels one round runs, their
    device time and the slowest; then the same of 16 runs of A side by side (one vectorized round), where the
    time limit allows;
@@ -21,6 +20,9 @@ The parts, in order, each with a time limit so that the whole stays under 9 minu
    ``reading=pass``, bf16), each evaluated, timed by the last: its time per step, and the paper run of 300 passes
    (42,000 steps, 300 evaluations) it implies. (The first pass holds the warm-up: cuDNN's autotuner, the
    capture: one bf16 pass alone took 5.4 s on an H200, one fp32 pass 1.9 s).
+
+and, only when asked for (``--parts bench-bcd``: the parts above fill one device call), ``bench-bcd``: the bench
+of settings B, C and D, 10 rounds each (the paper-style variant 5), into DIR/bench-bcd.csv.
 
 ``--parts`` runs some of them (a device call of at most 10 minutes can take the parts in two calls). Writes
 DIR/report.md (the device, versions, each part's outcome, the bench table with each row's phases and its
@@ -45,7 +47,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from normfl.reproduce.figures import markdown_table  # noqa: E402
 
-LIMITS = {"tests": 130, "suite": 110, "bench": 220, "launches": 30, "pass": 50}     # seconds each; 540 s in all
+LIMITS = {"tests": 130, "suite": 110, "bench": 220, "launches": 30, "pass": 50,    # seconds each; 540 s in all
+          "bench-bcd": 240}                                                         # asked for alone
+DEFAULT = ["tests", "suite", "bench", "launches", "pass"]
 TARGETS = ("targets (issue 29, H100): A stacked bf16 <= 4 ms a round; 16 runs side by side <= 2.8 ms per "
            "run-round; a NORMEC paper run (42,000 steps, 300 evaluations) <= 3 minutes")
 SUITE = ["tests/test_resume.py", "tests/test_stacked.py", "tests/test_vectorized.py", "tests/test_capture.py",
@@ -82,7 +86,7 @@ def step(name: str, cmd: list[str], out: Path, env: dict | None = None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu-check")
-    ap.add_argument("--parts", nargs="+", default=list(LIMITS), choices=list(LIMITS))
+    ap.add_argument("--parts", nargs="+", default=DEFAULT, choices=list(LIMITS))
     args, overrides = ap.parse_known_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -93,8 +97,10 @@ def main() -> None:
     commands = {
         "tests": ([*pytest, "-m", "gpu", "tests/test_gpu.py"], None),
         "suite": ([*pytest, *workers(), *SUITE], {"NORMFL_TEST_DEVICE": "cuda"}),
-        "bench": ([py, "scripts/bench.py", "--settings", "A", "B", "C", "D", "--together", "16", "--reps", "10",
+        "bench": ([py, "scripts/bench.py", "--settings", "A", "--together", "16", "--reps", "10",
                    "--sweep-rounds", "0", "--out", str(out / "bench.csv"), *overrides], None),
+        "bench-bcd": ([py, "scripts/bench.py", "--settings", "B", "C", "D", "--together", "0", "--no-in-a-row",
+                       "--reps", "10", "--sweep-rounds", "0", "--out", str(out / "bench-bcd.csv"), *overrides], None),
         "launches": ([py, "scripts/launches.py", "--settings", "A", "--together", "16", "device=cuda", "--out",
                       str(out / "launches.csv"), *overrides], None),
         "pass": ([py, "train.py", *NORMEC_PASS, f"hydra.run.dir={out / 'normec-pass'}", *overrides], None),
@@ -118,12 +124,12 @@ def write_report(out: Path, parts: dict) -> None:
         if name in parts:
             lines += ["", f"## {title}", "", "```", parts[name]["tail"].strip(), "```"]
     lines.append("")
-    bench = out / "bench.csv"
-    if bench.exists():
+    benches = [out / name for name in ("bench.csv", "bench-bcd.csv") if (out / name).exists()]
+    if benches:
         cols = ["setting", "variant", "seconds", "vs_floor", "vs_dense_same_precision", "data_s", "data_host_s",
                 "pass_s", "pass_host_s", "update_s", "other_s", "grad_rel_diff", "update_rel_diff", "per_run",
                 "peak_memory_mb"]
-        df = pd.read_csv(bench)
+        df = pd.concat([pd.read_csv(b) for b in benches], ignore_index=True)
         lines += ["## Bench (medians; seconds a round)", "",
                   markdown_table(df[[c for c in cols if c in df.columns]]), ""]
     launches = out / "launches.csv"
