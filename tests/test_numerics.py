@@ -50,11 +50,15 @@ def test_a_run_in_either_memory_format_is_the_same_run(model, backend, tmp_path,
 
 
 def test_auto_lays_out_channels_last_where_it_measured_faster():
-    """auto: on a CPU the model's own passes and evaluation, not the stacked pass; elsewhere neither (until
-    measured there); a model without a convolution has nothing to lay out."""
-    assert memory_format("auto", torch.device("cpu")) == (True, False)
-    assert memory_format("auto", torch.device("meta")) == (False, False)        # stands in for a GPU
-    assert memory_format("channels_last", torch.device("meta")) == (True, True)
+    """auto: on a CPU the model's own passes and evaluation, not the stacked pass; on CUDA the stacked pass in
+    bf16 only; elsewhere neither (until measured there); a model without a convolution has nothing to lay out."""
+    assert memory_format("auto", torch.device("cpu")) == memory_format("auto", torch.device("cpu"), "bf16") == \
+        (True, False)
+    assert memory_format("auto", torch.device("cuda"), "bf16") == (False, True)
+    assert memory_format("auto", torch.device("cuda")) == (False, False)
+    assert memory_format("auto", torch.device("mps"), "bf16") == (False, False)
+    assert memory_format("channels_last", torch.device("cuda")) == (True, True)
+    assert memory_format("contiguous", torch.device("cpu")) == (False, False)
     assert FlatModel(models.cnn((1, 28, 28), 10), torch.device("cpu"), layout="auto").memory_format == \
         "channels_last (stacked pass: contiguous)"
     assert FlatModel(models.mlp((1, 28, 28), 10), torch.device("cpu"), layout="channels_last").memory_format == \

@@ -111,13 +111,16 @@ def _channels_last(module, args, out):
     return out.contiguous(memory_format=torch.channels_last) if out.dim() == 4 else None
 
 
-def memory_format(name: str, device: torch.device) -> tuple[bool, bool]:
+def memory_format(name: str, device: torch.device, precision: str = "fp32") -> tuple[bool, bool]:
     """Whether (the model's own passes and evaluation, the stacked pass) lay out activations channels-last.
-    ``auto``: on a CPU the model's, which measured faster so (``scripts/bench.py``, docs/engine.md: ResNet20's
-    sequential round 0.81-0.87x, the CNN's evaluation 0.62-0.64x), not the stacked pass's, which did not (the
-    CNN's DP-SGD round 0.95-1.11x, ResNet20's in bf16 0.92-1.08x); on other devices neither, until measured."""
+    ``auto``: where it measured faster (``scripts/bench.py``, docs/engine.md). On a CPU the model's (ResNet20's
+    sequential round 0.81-0.87x, the CNN's evaluation 0.62-0.64x), not the stacked pass's (the CNN's DP-SGD
+    round 0.95-1.11x, ResNet20's in bf16 0.92-1.08x). On CUDA the stacked pass's in bf16 (ResNet20's pass
+    0.88x in both of two runs on an H200), not in fp32 (its round 1.16x in both), nor the model's (in the
+    second run the sequential round 1.14-1.19x, the evaluation 1.17x). On other devices neither, until
+    measured."""
     if name == "auto":
-        return device.type == "cpu", False
+        return device.type == "cpu", device.type == "cuda" and precision == "bf16"
     return (name == "channels_last",) * 2
 
 
@@ -138,7 +141,7 @@ class FlatModel:
         self.sizes = [p.numel() for p in module.parameters()]
         self.dim = sum(self.sizes)
         convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
-        own, grouped = (on and bool(convs) for on in memory_format(layout, device))
+        own, grouped = (on and bool(convs) for on in memory_format(layout, device, precision))
         self.layout, self.grouped_layout = Layout(own), Layout(grouped)    # the stacked pass covers its own
         self.layout.cover(convs)
 
