@@ -11,8 +11,9 @@ The parts, in order, each with a time limit so that the whole stays under 9 minu
    (``NORMFL_TEST_DEVICE=cuda``): killed runs resume to the same bits, stacked equals sequential, runs side
    by side equal runs alone, captured equals eager, the same seed gives the same bits;
 3. ``bench``: ``scripts/bench.py`` on setting A, A's rounds in a row and 16 runs of A side by side, 10 rounds
-   each after a warm-up (on an H200 these took the part's whole 220 s; with 30, the bench's default on CUDA, A
-   alone took 200 s); its CSV is written after each part, so a part stopped at its limit keeps what it measured;
+   each after a warm-up (on an H200 these finished within the part's 220 s and B, then next in it, did not; with
+   30 rounds, the bench's default on CUDA, A alone filled 200 s); its CSV is written after each part, so a part
+   stopped at its limit keeps what it measured;
 4. ``launches``: ``scripts/launches.py`` on setting A with the GPU profiled: the kernels one round runs, their
    device time and the slowest; then the same of 16 runs of A side by side (one vectorized round), where the
    time limit allows;
