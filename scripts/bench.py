@@ -485,7 +485,9 @@ def cpu_facts() -> dict:
 def together(overrides: list[str], reps: int, runs: int) -> list[dict]:
     """``runs`` runs of setting A (a grid of β and γ) trained side by side as the stacked launcher trains such a
     grid (``run.vectorized.Group``: one EF21 round for all of them, one stacked pass over their clients), against
-    the dense floor of their runs x 320 images in one batch; fp32, and bf16 on CUDA."""
+    the dense floor of their runs x 320 images in one batch; fp32, and bf16 on CUDA. Each round from a
+    synchronised device, then (``normfl in a row``) ``reps`` more taken one after another as the launcher takes
+    them, timed together, the host drawing the next batches while the device computes."""
     grid = [(b, g) for b in (0.01, 0.1, 1.0, 10.0) for g in (0.01, 0.1, 1.0, 10.0)]
     grid = (grid * (runs // len(grid) + 1))[:runs]
     rows = []
@@ -497,8 +499,8 @@ def together(overrides: list[str], reps: int, runs: int) -> list[dict]:
                     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
                         cfg = compose("config", overrides=[
                             *SETTINGS["A"][1], f"algo.beta={beta}", f"algo.gamma={gamma}", "backend=stacked",
-                            f"precision={precision}", "progress=false", f"rounds={reps + 2}",
-                            f"eval_every={reps + 2}", "checkpoint_every=0", *overrides])
+                            f"precision={precision}", "progress=false", f"rounds={2 * reps + 3}",
+                            f"eval_every={2 * reps + 3}", "checkpoint_every=0", *overrides])
                     trainings.append(start_run(cfg, Path(tmp) / str(i), cache, progress=False))
                 group, device = vectorized.Group(trainings), trainings[0].setup.device
                 dense = DenseFloor(cfg, trainings[0].setup.ds, device, bf16=precision == "bf16")
@@ -517,11 +519,17 @@ def together(overrides: list[str], reps: int, runs: int) -> list[dict]:
                     dense(log)
                     sync()
                     times["dense floor"].append(time.perf_counter() - t0)
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    group.round()
+                sync()
+                in_a_row = (time.perf_counter() - t0) / reps
             finally:
                 for t in trainings:
                     t.rundir.release()
         med = {label: statistics.median(v[1:]) for label, v in times.items()}
-        for label, s in med.items():
+        for label, s in {**med, "normfl in a row": in_a_row}.items():
             rows.append({"setting": f"A x {runs}", "what": f"{runs} runs of setting A side by side ({precision})",
                          "variant": f"{label} ({precision})", "seconds": s, "per_run": s / runs,
                          "vs_dense": s / med["dense floor"], "threads": torch.get_num_threads(),

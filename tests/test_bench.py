@@ -49,8 +49,9 @@ def test_bench_times_runs_side_by_side(data_root, monkeypatch):
     rows = bench.together([f"data_root={data_root}", "dataset.train_limit=200", "dataset.test_limit=50", "clients=2",
                            "batch_size=4"], reps=1, runs=3)
     got = {r["variant"]: r for r in rows}
-    assert sorted(got) == ["dense floor (fp32)", "normfl (fp32)"]
+    assert sorted(got) == ["dense floor (fp32)", "normfl (fp32)", "normfl in a row (fp32)"]
     assert got["dense floor (fp32)"]["vs_dense"] == 1.0 and got["normfl (fp32)"]["per_run"] > 0
+    assert got["normfl in a row (fp32)"]["per_run"] > 0
     assert made == [3]
 
 
