@@ -43,8 +43,9 @@ CIFAR = ["dataset=cifar10", "model=resnet20", "dataset.train_limit=96", "dataset
 
 @pytest.mark.parametrize("grid", GRIDS)
 def test_runs_that_differ_in_scalars_step_as_one_and_equal_the_runs_alone(grid, tmp_path, data_root, monkeypatch):
-    """... and, sharing one seed, draw each round's batches once for all of them (the host's draws: one
-    ``next_batches`` a group round)."""
+    """Runs that differ only in scalars step as one group, made once, and each ends as it does alone; sharing one
+    seed, they draw each round's batches once for all of them (the host's draws: one ``next_batches`` a group
+    round)."""
     from normfl.data.clients import ClientData
 
     made, draws, per_round = [], [], []
