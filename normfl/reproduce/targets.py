@@ -45,9 +45,9 @@ NORMEC_CAUSE = (A2_CAUSE + " DP runs: with the noise rule of reading A1 each uni
                 "sqrt(K ln(1/δ))/ε ≈ 7.3 per coordinate, which keeps them near chance.")
 FED_CAUSE = ("DP runs: reading A1's noise has std p·sqrt(K ln(1/δ))/ε per coordinate on each client's unit-norm Δ_i "
              "(7.35 at p = 1, 1.84 at p = 0.25), in d = 269,722 dimensions a vector of norm about 3,800 (950) "
-             "against a message of norm 1: the 18 runs of FEDNORMEC-F1's paper grid (F-EC) end at 8.2-13.2% "
-             "test accuracy (best over rounds 14.9%; chance is 10%). Without the noise the same run (p = 1, "
-             "β = 0.01, γ = 0.1) reaches 26.8% after 300 rounds, still rising (probe: python train.py "
+             "against a message of norm 1: the 18 text-profile runs of FEDNORMEC-F1 (F-EC, committed records) end "
+             "at 8.22-13.22% test accuracy (best over rounds 14.94%; chance is 10%). Without the noise the same "
+             "run (p = 1, β = 0.01, γ = 0.1) reaches 26.8% after 300 rounds, still rising (probe: python train.py "
              "experiment=fednormec_f_ec algo=fed_normec p=1.0 algo.beta=0.01 algo.gamma=0.1 eval_every=10), "
              "so the rest of the gap is A2. " + A2_CAUSE)
 FED_TOL = dict(tolerance=5.0, why="the paper's numbers are read off figures ('approximately 70%'); one seed")
