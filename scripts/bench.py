@@ -79,6 +79,7 @@ SETTINGS = {
 
 
 WARMUP_IN_A_ROW = 5       # rounds before ``in_a_row`` times any: a captured round records after three
+PAPER_REPS = 5            # rounds the paper-style variant is timed on: its PIL DataLoader runs on the host, slowly
 
 
 class Phases:
@@ -365,7 +366,7 @@ class PaperStyle:
         self.model.load_state_dict(avg)
 
 
-def bench(name: str, overrides: list[str], reps: int, paper_reps: int = 5) -> list[dict]:
+def bench(name: str, overrides: list[str], reps: int, paper_reps: int = PAPER_REPS) -> list[dict]:
     title, own = SETTINGS[name]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*own, "progress=false", *overrides])
@@ -589,10 +590,10 @@ def main():
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--reps", type=int, default=30 if torch.cuda.is_available() else 5,
                     help="timed rounds per variant, after one warm-up (default 30 on CUDA, 5 on a CPU)")
-    ap.add_argument("--paper-reps", type=int, default=5,
-                    help="timed rounds of the paper-style variant, at most --reps (default 5): its DataLoader over "
-                         "PIL images runs on the host, 7.2 times the floor for setting B on a 2-core CPU (9.2 s a "
-                         "round), and B's bench at 10 rounds did not finish in 150 s on an H200 machine")
+    ap.add_argument("--paper-reps", type=int, default=PAPER_REPS,
+                    help=f"timed rounds of the paper-style variant, at most --reps (default {PAPER_REPS}): its "
+                         "DataLoader over PIL images runs on the host, 7.2 times the floor for setting B on a 2-core "
+                         "CPU (9.2 s a round), and B's bench at 10 rounds did not finish in 150 s on an H200 machine")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--sweep-rounds", type=int, default=30, help="rounds per run of the sweep comparison (0: skip)")
     ap.add_argument("--together", type=int, default=16 if torch.cuda.is_available() else 0,

@@ -114,10 +114,13 @@ class Group:
         box.privatize = self.privatize
         self.box, self.algos = box, algos
         self.X = torch.stack([t.x for t in trainings])     # the runs' models; each run's x is a row of it
-        lead = trainings[0].clients.data
-        for t in trainings[1:]:                          # runs whose batch streams stand where the first's do share
-            if t.clients.data.draws_as(lead):            # them, and their batches are drawn once a step for all
-                t.clients.data.streams = lead.streams
+        datas = [t.clients.data for t in trainings]
+        for d in datas[1:]:                              # runs whose batch streams stand where the first's do share
+            if d.draws_as(datas[0]):                     # them, and their batches are drawn once a step for all
+                d.streams = datas[0].streams
+        firsts: dict[int, int] = {}                      # each set of shared streams: the run that draws for it
+        self.drawn_by = [firsts.setdefault(id(d.streams), len(firsts)) for d in datas]
+        self.drawers = [datas[self.drawn_by.index(j)] for j in range(len(firsts))]
         engine = trainings[0].clients.engine
         self.static = None if engine.static is None else StaticPass(
             engine.stacked, engine.static.capture,
@@ -147,11 +150,8 @@ class Group:
         """``[R, n, d]`` gradients and ``[R, n]`` losses: each run's clients (all, or the round's participants
         ``ids``) on their next batches (drawn once from each set of streams the runs share, one gather for all), in
         one stacked pass."""
-        drawn: dict[int, list] = {}
-        for t in self.trainings:
-            if id(t.clients.data.streams) not in drawn:
-                drawn[id(t.clients.data.streams)] = t.clients.data.next_batches(ids)
-        batches = [drawn[id(t.clients.data.streams)] for t in self.trainings]
+        drawn = [d.next_batches(ids) for d in self.drawers]
+        batches = [drawn[j] for j in self.drawn_by]
         piece = [b[0] for bs in batches for b in bs]
         if not piece:                                    # nobody computes (an empty Bernoulli draw)
             return X.new_zeros(len(X), 0, X.shape[-1]), X.new_zeros(len(X), 0)
