@@ -77,9 +77,10 @@ alidpfl-readings: $(STAMP) ## ALI-DPFL at R_c = 177: the paper's text vs the aut
 	$(BIN)/python scripts/ali_readings.py run outputs/ali-readings --parallel $(parallel)
 	$(BIN)/python scripts/ali_readings.py table outputs/ali-readings
 
-noise-readings: $(STAMP)   ## on a GPU: DP-(Fed-)α-NormEC under each reading of the papers' noise, 30 passes, one stacked grid
-	$(BIN)/python scripts/noise_readings.py run $(ARGS) > docs/reproduction/noise-readings.md.tmp
-	mv docs/reproduction/noise-readings.md.tmp docs/reproduction/noise-readings.md
+noise-readings: $(STAMP)   ## DP-(Fed-)α-NormEC under each reading of the papers' noise: 30 passes on a GPU (profile=text: 300 steps, CPU)
+	$(BIN)/python scripts/noise_readings.py run --profile $(profile) --parallel $(parallel) $(ARGS) \
+	  > docs/reproduction/noise-readings-$(profile).md.tmp
+	mv docs/reproduction/noise-readings-$(profile).md.tmp docs/reproduction/noise-readings-$(profile).md
 
 budget ?= 25m
 campaign: $(STAMP)         ## train the missing runs of IDS="..." (default: every ID) within budget=25m, record, archive

@@ -1,5 +1,6 @@
 """scripts/noise_readings.py: each reading of the papers' noise gives the multiplier its formula says, the runs
-carry exactly the noise its table reports, and the PLD reading certifies ε = 8 over the whole paper run."""
+carry exactly the noise its table reports, the PLD reading certifies ε = 8 over the whole paper run, and the text
+profile screens each reading's whole 300-round run once."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def test_each_reading_gives_its_formula(steps):
         assert nr.multiplier(reading, beta, steps) == pytest.approx(z, rel=1e-12), reading
     assert nr.effective("on Δ_i", beta, steps) == pytest.approx(beta * want["on Δ_i"])
     z = nr.multiplier("PLD ε = 8", beta, steps)
-    assert 7.99 < nr.eps_paper_run(z, steps) <= 8.0
-    assert nr.eps_paper_run(z / 1.01, steps) > 8.0
+    assert 7.99 < nr.eps_whole_run(z, steps) <= 8.0
+    assert nr.eps_whole_run(z / 1.01, steps) > 8.0
 
 
 def test_the_runs_carry_the_noise_the_table_reports(data_root, tmp_path, monkeypatch, capsys):
@@ -42,12 +43,28 @@ def test_the_runs_carry_the_noise_the_table_reports(data_root, tmp_path, monkeyp
     monkeypatch.setattr(nr, "ALGORITHMS", {"DP-α-NormEC (SN)": (setup, [(0.1, 0.1)], steps, paper)})
     extra = ["dataset=fashion_mnist", "model=logreg", "dataset.train_limit=640", "dataset.test_limit=100",
              f"data_root={data_root}"]
-    nr.main(["run", "--passes", "2", "--stack", "8", "--store", str(tmp_path), "--extra", *extra])
+    nr.main(["run", "--rounds", "2", "--stack", "8", "--store", str(tmp_path), "--extra", *extra])
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| DP")]
     assert len(rows) == len(nr.READINGS)
-    for _, reading, beta, _, job in nr.grid(2, extra):
+    for _, reading, beta, _, job in nr.grid("paper", 2, extra):
         s = json.loads((tmp_path / job.key / "summary.json").read_text())
         assert s["status"] == "completed" and s["steps"] == 2 * 2           # 640 samples: 2 steps a pass
         z = s["privacy"]["std_in_update"] / beta                           # the weighted term's std / its bound
         assert z == pytest.approx(nr.effective(reading, beta, steps), rel=1e-5), reading
         assert any(r.startswith(f"| DP-α-NormEC (SN) | {reading} |") and f"| {z:.4g} |" in r for r in rows)
+
+
+def test_the_text_profile_trains_each_distinct_noise_once():
+    runs = nr.grid("text", 300, [])
+    assert len(runs) == len(nr.ALGORITHMS) * len(nr.READINGS)            # a row for every reading
+    for algo, (_, cells, _, _) in nr.ALGORITHMS.items():
+        rows = {reading: job for a, reading, beta, gamma, job in runs if a == algo}
+        assert {(beta, gamma) for a, _, beta, gamma, _ in runs if a == algo} == {cells[0]}
+        for job in rows.values():
+            assert "reading=pass" not in job.overrides and "rounds=300" in job.overrides
+            assert job.cfg.reading == "text" and job.cfg.eval_every == 10
+        # one upload a round: K counting uploads is K counting rounds, so the two readings share a run
+        assert rows["K = releases"] is rows["standard deviation"]
+        assert len({job.key for job in rows.values()}) == len(nr.READINGS) - 1
+        z = next(float(o.split("=")[1]) for o in rows["standard deviation"].overrides if "multiplier" in o)
+        assert z == pytest.approx(math.sqrt(300 * LN) / 8, rel=1e-5)     # 7.3462: the text runs' own σ_mult
