@@ -3,12 +3,12 @@ normalization and DP-Fed-α-NormEC, each reading of the noise trained as one gri
 same noise would certify for the papers' whole run (K = 300 rounds). NORMEC §6.2 reports a peak of 72.21% with
 SN; FEDNORMEC §5 "approximately 70%" at p = 1, β = 0.01. Two profiles, as the reproduction's (reading A2):
 
-- ``paper``: a round as one pass over each client's shard; a 30-pass screen of 42 runs (117,600 run-steps of
-  NORMEC and 29,400 of FEDNORMEC), 16 side by side. A GPU job: on a CPU, a pass of ResNet20 takes minutes.
+- ``paper``: a round as one pass over each client's shard; a 30-pass screen of 48 runs (134,400 run-steps of
+  NORMEC and 33,600 of FEDNORMEC), 16 side by side. A GPU job: on a CPU, a pass of ResNet20 takes minutes.
 - ``text``: a round as one minibatch step a client; each reading's whole 300-round run, in the one cell where
   each algorithm does best without noise at this reading (14 runs of 5 to 9 minutes on one CPU core). It ranks
   the readings by how much their noise costs; it cannot reach the papers' numbers, which this reading misses
-  without noise too (NORMEC-T2 text: 56.40% in this SN cell; FEDNORMEC's cell 26.84%).
+  without noise too (NORMEC-T2 text: 56.52% in this SN cell; FEDNORMEC's cell 26.84%).
 
     python scripts/noise_readings.py run [--profile paper|text] [--rounds N] [--stack 16] [--dry-run] [--extra ...]
     python scripts/noise_readings.py table [--profile paper|text] [--rounds N]
@@ -47,6 +47,7 @@ ALGORITHMS = {
 # reading: (what it reads, the Privacy knobs that give its multiplier, overrides besides the multiplier).
 # K + 1 for K (A13) is left out: it moves σ by 0.17%, which no screen can tell apart.
 READINGS = {
+    "none": ("no noise: the same run's ceiling", {"noise_multiplier_override": 0.0}, ""),
     "standard deviation": ("σ_mult = sqrt(K ln(1/δ))/ε on the β-weighted term (normfl's reading)", {}, ""),
     "on Δ_i": ("the same std on Δ_i itself: β²·σ_mult on the weighted term", {}, "privacy.noise_on=raw_delta"),
     "log10": ("log10(1/δ) for ln(1/δ)", {"log_base": "10"}, ""),
@@ -129,8 +130,9 @@ def table(runs, store_dir: Path, profile: str, rounds: int) -> str:
         status = s.get("status")
         if status not in (None, "completed"):
             acc = {k: status for k in acc}
-        lines.append(f"| {algo} | {reading} | {beta:g} | {gamma:g} | {z:.4g} | "
-                     f"{'–' if eps is None else f'{eps:.4g}'} | {acc['best_test_acc']} | {acc['final_test_acc']} |")
+        eps = "–" if eps is None else "∞" if math.isinf(eps) else f"{eps:.4g}"
+        lines.append(f"| {algo} | {reading} | {beta:g} | {gamma:g} | {z:.4g} | {eps} | {acc['best_test_acc']} | "
+                     f"{acc['final_test_acc']} |")
     papers = "; ".join(f"{a}: {p}" for a, (_, _, _, p) in ALGORITHMS.items())
     readings = "\n".join(f"- **{r}**: {what}" for r, (what, _, _) in READINGS.items())
     on, what = (", ".join(sorted(x for x in xs if x)) or "no run trained yet" for xs in (devices, data))

@@ -23,6 +23,7 @@ LN = math.log(1e5)
 def test_each_reading_gives_its_formula(steps):
     k, beta = 300, 0.1
     want = {
+        "none": 0.0,
         "standard deviation": math.sqrt(k * LN) / 8,
         "on Δ_i": math.sqrt(k * LN) / 8,                    # and β once more in the run (noise_on=raw_delta)
         "log10": math.sqrt(k * 5) / 8,
