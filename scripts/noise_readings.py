@@ -5,10 +5,11 @@ SN; FEDNORMEC §5 "approximately 70%" at p = 1, β = 0.01. Two profiles, as the 
 
 - ``paper``: a round as one pass over each client's shard; a 30-pass screen of 48 runs (134,400 run-steps of
   NORMEC and 33,600 of FEDNORMEC), 16 side by side. A GPU job: on a CPU, a pass of ResNet20 takes minutes.
-- ``text``: a round as one minibatch step a client; each reading's whole 300-round run, in the one cell where
-  each algorithm does best without noise at this reading (14 runs of 5 to 9 minutes on one CPU core). It ranks
-  the readings by how much their noise costs; it cannot reach the papers' numbers, which this reading misses
-  without noise too (NORMEC-T2 text: 56.52% in this SN cell; FEDNORMEC's cell 26.84%).
+- ``text``: a round as one minibatch step a client; each reading's whole 300-round run in one cell each (SN's
+  best without noise at this reading, β = γ = 0.1; FEDNORMEC's β = 0.01 of the paper, γ = 0.1): 14 runs of
+  4 to 9 minutes (73 minutes in all on a 2-core CPU, beside other runs). It ranks the readings by what their
+  noise costs; it cannot reach the papers' numbers, which this reading misses without noise too (55.70% in
+  the SN cell, 26.96% in FEDNORMEC's).
 
     python scripts/noise_readings.py run [--profile paper|text] [--rounds N] [--stack 16] [--dry-run] [--extra ...]
     python scripts/noise_readings.py table [--profile paper|text] [--rounds N]
@@ -37,7 +38,7 @@ from normfl.reproduce import jobs, records, store
 K_ROUNDS = 300
 EPSILON, DELTA = 8.0, 1e-5
 # algorithm: (its setup, the (β, γ) cells screened, steps a pass makes, the paper's number); the text profile
-# screens only the first cell, where each does best without noise at that reading (see the docstring)
+# screens only the first cell (see the docstring)
 ALGORITHMS = {
     "DP-α-NormEC (SN)": ("experiment=normec_p_sn", [(0.1, 0.1), (0.01, 0.01), (0.01, 0.1), (0.1, 0.01)], 140,
                          "72.21 (NORMEC §6.2, peak over β × γ, SN)"),
