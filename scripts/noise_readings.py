@@ -11,7 +11,8 @@ SN; FEDNORMEC §5 "approximately 70%" at p = 1, β = 0.01. Two profiles, as the 
   noise costs; it cannot reach the papers' numbers, which this reading misses without noise too (55.70% in
   the SN cell, 26.96% in FEDNORMEC's).
 
-    python scripts/noise_readings.py run [--profile paper|text] [--rounds N] [--stack 16] [--dry-run] [--extra ...]
+    python scripts/noise_readings.py run [--profile paper|text] [--rounds N] [--stack 16] [--only DP-Fed]
+                                         [--dry-run] [--extra ...]
     python scripts/noise_readings.py table [--profile paper|text] [--rounds N]
 
 Every reading is applied as the noise multiplier it gives for the whole run of K = 300 rounds, so a screen
@@ -157,6 +158,8 @@ def main(argv=None) -> None:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--store", type=Path, default=None, help="the run store (default: as normfl.reproduce's)")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides added to every run (device=cuda ...)")
+    ap.add_argument("--only", default="", help="train only the algorithms whose name holds this text "
+                    "(DP-α-NormEC, DP-Fed): a screen in two jobs; the table shows every row")
     ap.add_argument("--dry-run", action="store_true", help="list the runs and their noise, train nothing")
     args = ap.parse_args(argv)
     from normfl.reproduce.__main__ import store_dir
@@ -166,7 +169,8 @@ def main(argv=None) -> None:
     runs = grid(args.profile, rounds, args.extra)
     if args.what == "run" and not args.dry_run:
         stack = args.stack or store.default_stack()
-        store.run_missing(list({r[-1].key: r[-1] for r in runs}.values()), where, args.parallel, stack=stack,
+        todo = {job.key: job for algo, *_, job in runs if args.only in algo}
+        store.run_missing(list(todo.values()), where, args.parallel, stack=stack,
                           log=lambda line: print(line, file=sys.stderr, flush=True))
     print(table(runs, where, args.profile, rounds), end="")
 

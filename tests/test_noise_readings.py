@@ -69,3 +69,13 @@ def test_the_text_profile_trains_each_distinct_noise_once():
         assert len({job.key for job in rows.values()}) == len(nr.READINGS) - 1
         z = next(float(o.split("=")[1]) for o in rows["standard deviation"].overrides if "multiplier" in o)
         assert z == pytest.approx(math.sqrt(300 * LN) / 8, rel=1e-5)     # 7.3462: the text runs' own σ_mult
+
+
+def test_only_trains_the_algorithms_it_names_and_the_table_keeps_every_row(tmp_path, capsys, monkeypatch):
+    trained = []
+    monkeypatch.setattr(nr.store, "run_missing", lambda jobs, *a, **k: trained.extend(jobs))
+    nr.main(["run", "--profile", "text", "--only", "DP-Fed", "--store", str(tmp_path)])
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| DP")]
+    assert len(rows) == len(nr.ALGORITHMS) * len(nr.READINGS)
+    fed = {job.key for algo, *_, job in nr.grid("text", 300, []) if algo.startswith("DP-Fed")}
+    assert {job.key for job in trained} == fed and len(trained) == len(fed) == len(nr.READINGS) - 1
