@@ -135,7 +135,7 @@ def run(job_list: list[Job], store_dir: Path, budget_s: float, parallel: int = 1
         states = (["not started"] * len(unit) if time.time() >= deadline or stop.count
                   else train(unit, store_dir, deadline, threads, stop))
         for job, st in zip(unit, states, strict=True):
-            log(f"  {st:11s} {time.time() - t0:7.0f} s  {job.key}")
+            log(f"  {st:11s} at {(time.time() - t0) / 60:5.1f} min of the budget  {job.key}")
             if st in store.FINISHED:
                 try:
                     log(f"              record {records.pack(job.dir(store_dir))}")
