@@ -60,10 +60,11 @@ READINGS = {
 }
 
 
-# profile: (overrides each run gets, rounds a screen run trains by default, how a round reads (A2))
+# profile: (overrides each run gets, rounds a screen run trains by default, how a round reads (A2), how many of
+# each algorithm's cells it screens: None for all)
 PROFILES = {
-    "paper": ("reading=pass eval_every=1", 30, "pass"),
-    "text": ("eval_every=10", K_ROUNDS, "minibatch step"),
+    "paper": ("reading=pass eval_every=1", 30, "pass", None),
+    "text": ("eval_every=10", K_ROUNDS, "minibatch step", 1),
 }
 
 
@@ -97,7 +98,7 @@ def grid(profile: str, rounds: int, extra: list[str]) -> list[tuple[str, str, fl
     for algo, (setup, cells, _, _) in ALGORITHMS.items():
         steps = steps_a_round(algo, profile)
         for reading, (_, _, more) in READINGS.items():
-            for beta, gamma in cells if profile == "paper" else cells[:1]:
+            for beta, gamma in cells[:PROFILES[profile][3]]:
                 overrides = [*setup.split(), *more.split(), *PROFILES[profile][0].split(), f"rounds={rounds}",
                              f"algo.beta={beta}", f"algo.gamma={gamma}",
                              f"privacy.noise_multiplier_override={multiplier(reading, beta, steps):.6g}", *extra]
