@@ -148,8 +148,11 @@ def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> s
         eps, by = certified(privacy)
         target = privacy.get("target_epsilon")
         above = eps is not None and target is not None and eps > target
-        parts.append(f"ε {target:g} asked, " + ("none certified" if eps is None else f"{eps:.4g} certified ({by})")
-                     + (": ABOVE the target" if above else ""))
+        if by == "no noise":
+            parts.append(f"ε {target:g} asked, ∞: no noise added")
+        else:
+            parts.append(f"ε {target:g} asked, " + ("none certified" if eps is None else f"{eps:.4g} certified ({by})")
+                         + (": ABOVE the target" if above else ""))
     else:
         parts.append("not private")
     parts.append(where)

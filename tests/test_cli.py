@@ -1,11 +1,12 @@
 """``train.py`` as a new user meets it: the default path does not crash on a round nobody takes part in,
-a certificate asked for half-way is refused and a run certifying more than its target says so, sweeps of
+a certificate asked for half-way is refused and a run certifying more than its target (or nothing) says so, sweeps of
 many overrides run in numbered folders with a table of jobs, every run and sweep ends with its outcome,
 and Ctrl-C saves a checkpoint and prints a command that continues the run, exactly as printed."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -19,6 +20,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
+from normfl.collect import collect
 from normfl.ops import bernoulli_weights
 from normfl.run import run
 from tests.conftest import OFFLINE
@@ -96,6 +98,13 @@ def test_a_run_certifying_more_than_its_target_says_so_at_the_start_and_the_end(
                 "accountant=pld", f"hydra.run.dir={tmp_path / 'pld'}")
     assert out.returncode == 0 and "privacy: this run" not in out.stdout + out.stderr
     assert "certified (pld) |" in out.stdout
+    out = train(data_root, *SMALL, "rounds=2", "algo=dp_fedavg", "privacy.noise_multiplier_override=0",
+                f"hydra.run.dir={tmp_path / 'none'}")                  # no noise: ε ∞, which JSON writes as null
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads((tmp_path / "none" / "summary.json").read_text())["privacy"]["epsilon_pld"] is None
+    assert "ε 8 asked, ∞: no noise added |" in out.stdout
+    assert "privacy.noise_multiplier_override=0 sets the noise instead of privacy.epsilon" in out.stdout
+    assert collect(tmp_path / "none").epsilon[0] == math.inf
 
 
 def test_a_sweep_of_many_overrides_runs_in_numbered_folders_and_ends_with_a_table(tmp_path, data_root):

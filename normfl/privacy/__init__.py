@@ -44,13 +44,16 @@ __all__ = ["Privacy", "Privatizer", "Gaussian", "GaussianRelease", "Ledger", "le
 def certified(spent: dict) -> tuple[float | None, str | None]:
     """(ε, by what) a run certifies, from its ε by accountant (``Ledger.spent``'s names, bare or as the columns
     ``eps_pld`` and the summary's ``epsilon_pld`` write them): the tighter of dp-accounting's PLD and RDP, else
-    NFA Theorem 2's composition; (None, None) where none was computed."""
+    NFA Theorem 2's composition; (∞, "no noise") for a summary whose noise multiplier is 0 (JSON has no ∞, so its
+    ε are null); (None, None) where none was computed."""
     eps = {k.removeprefix("epsilon_").removeprefix("eps_"): v for k, v in spent.items()}
     found = [(eps[name], name) for name in ("pld", "rdp") if isinstance(eps.get(name), (int, float))]
     if found:
         return min(found)
     if isinstance(eps.get("composed"), (int, float)):
         return eps["composed"], "composed"
+    if spent.get("noise_multiplier") == 0:
+        return math.inf, "no noise"
     return None, None
 
 

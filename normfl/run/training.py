@@ -99,7 +99,10 @@ class Training:
         target = self.algo.privacy.epsilon
         if eps is None or eps <= target:
             return
-        if self.cfg.algo.get("scope") == "per_round":
+        if self.cfg.privacy.get("noise_multiplier_override") is not None:
+            why = (f"privacy.noise_multiplier_override={self.cfg.privacy.noise_multiplier_override} sets the noise "
+                   "instead of privacy.epsilon (null: the noise privacy.calibration gives)")
+        elif self.cfg.algo.get("scope") == "per_round":
             why = "algo.scope=per_round makes privacy.epsilon each message's ε, not the whole run's"
         elif self.cfg.algo.get("rc_override") is not None:
             why = (f"algo.rc_override={self.cfg.algo.rc_override} takes more DP-SGD steps than privacy.epsilon "
