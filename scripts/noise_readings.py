@@ -38,8 +38,8 @@ from normfl.reproduce import jobs, records, store
 
 K_ROUNDS = 300
 EPSILON, DELTA = 8.0, 1e-5
-# algorithm: (its setup, the (β, γ) cells screened, steps a pass makes, the paper's number); the text profile
-# screens only the first cell (see the docstring)
+# algorithm: (its setup, the (β, γ) cells screened, steps a pass makes (a test checks them against the data), the
+# paper's number); the text profile screens only the first cell (see the docstring)
 ALGORITHMS = {
     "DP-α-NormEC (SN)": ("experiment=normec_p_sn", [(0.1, 0.1), (0.01, 0.01), (0.01, 0.1), (0.1, 0.01)], 140,
                          "72.21 (NORMEC §6.2, peak over β × γ, SN)"),

@@ -79,3 +79,19 @@ def test_only_trains_the_algorithms_it_names_and_the_table_keeps_every_row(tmp_p
     assert len(rows) == len(nr.ALGORITHMS) * len(nr.READINGS)
     fed = {job.key for algo, *_, job in nr.grid("text", 300, []) if algo.startswith("DP-Fed")}
     assert {job.key for job in trained} == fed and len(trained) == len(fed) == len(nr.READINGS) - 1
+
+
+@pytest.mark.parametrize("algo", list(nr.ALGORITHMS))
+def test_the_steps_a_pass_the_table_charges_are_the_runs_own(algo, data_root):
+    """The table's multipliers and ε count a pass as ALGORITHMS' steps (140, 70), not from a run: they must be
+    the steps the paper profile's run of that setup makes on the real data, or the table certifies another run."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from normfl.run.setup import _prepared_data
+
+    with initialize_config_dir(config_dir=str(Path(nr.__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*nr.ALGORITHMS[algo][0].split(), "reading=pass", f"data_root={data_root}",
+                                           "device=cpu"])
+    parts = _prepared_data(cfg, torch.device("cpu"))[1]
+    assert min(len(p) // cfg.batch_size for p in parts) == nr.ALGORITHMS[algo][2]
