@@ -99,9 +99,11 @@ NFA_BIN_CAUSE = ("All three seeds of the Binomial column train better than the p
                  "in docs/reproduction/archive/, gave the same 19.11). Its N = 2,843,701 and t = 23 are what "
                  "reading C-N7 derives (t as in Table 4; tests/test_qtdl.py), so the gap is in training, not in "
                  "the mechanism's parameters (its formula agrees term by term with public transcriptions of cpSGD "
-                 "Theorem 1). Both QTDL columns are within the tolerance on three seeds (s = 2^12: 18.04 ± 0.24 vs "
-                 "17.31; s = 2^6: 17.98 ± 0.32 vs 17.24), so F3's claim, QTDL 3.5 points below the Binomial, reads "
-                 "1.56 here. Not resolved.")
+                 "Theorem 1). Nor is it the noise's size: with N 1.97 times larger (privacy.epsilon=7, std 0.289 "
+                 "against 0.206; a larger N is what t = 23 allows if eq. 7's m is the noise's half-width) seed 0 "
+                 "ends at 19.12 (docs/readings.md, C-N7). Both QTDL columns are within the tolerance on three "
+                 "seeds (s = 2^12: 18.04 ± 0.24 vs 17.31; s = 2^6: 17.98 ± 0.32 vs 17.24), so F3's claim, QTDL "
+                 "3.5 points below the Binomial, reads 1.56 here. Not resolved.")
 NFA_T5_CAUSE = ("Aggregate-level noise is read as each client's own draw for sensitivities Δ/r (the paper's "
                 "per-client m_i, α_i; noise_at=client_aggregate, reading C-N6): one server draw on the mean "
                 "(noise_at=server) has 5 times the std there and made every run diverge within 5 rounds. With it "
