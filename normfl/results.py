@@ -150,9 +150,13 @@ def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> s
         above = eps is not None and target is not None and eps > target
         if by == "no noise":
             parts.append(f"ε {target:g} asked, ∞: no noise added")
+        elif eps is None:
+            parts.append(f"ε {target:g} asked, none certified")
         else:
-            parts.append(f"ε {target:g} asked, " + ("none certified" if eps is None else f"{eps:.4g} certified ({by})")
-                         + (": ABOVE the target" if above else ""))
+            why = privacy.get("not_certified")
+            parts.append(f"ε {target:g} asked, {eps:.4g} " + (f"claimed ({by})" if why else f"certified ({by})")
+                         + (": ABOVE the target" if above else "")
+                         + (f"; not a certificate: {'; '.join(why)}" if why else ""))
     else:
         parts.append("not private")
     parts.append(where)

@@ -105,6 +105,13 @@ def test_a_run_certifying_more_than_its_target_says_so_at_the_start_and_the_end(
     assert "ε 8 asked, ∞: no noise added |" in out.stdout
     assert "privacy.noise_multiplier_override=0 sets the noise instead of privacy.epsilon" in out.stdout
     assert collect(tmp_path / "none").epsilon[0] == math.inf
+    out = train(data_root, *SMALL, "rounds=2", "algo=dp_fed_normec", "p=0.25", "privacy.amplification=true",
+                "privacy.calibration=accountant", "accountant=pld", f"hydra.run.dir={tmp_path / 'amplified'}")
+    assert out.returncode == 0, out.stderr[-2000:]                     # each client's own noise: the server sees
+    why = json.loads((tmp_path / "amplified" / "summary.json").read_text())["privacy"]["not_certified"]
+    assert len(why) == 1 and "the server sees who uploads" in why[0]  # who took part, so no amplification for it
+    assert "the ε this run reports is not a certificate: the server sees who uploads" in out.stdout
+    assert f"ε 8 asked, 8 claimed (pld); not a certificate: {why[0]} |" in out.stdout
 
 
 def test_a_sweep_of_many_overrides_runs_in_numbered_folders_and_ends_with_a_table(tmp_path, data_root):

@@ -196,3 +196,24 @@ def test_aggregate_level_noise_per_client_or_at_the_server():
     assert sens["client_aggregate"].linf == pytest.approx(sens["client"].linf / 25)
     assert sens["server"].linf == sens["client_aggregate"].linf
     assert out["client_aggregate"].mech.who == "client" and out["server"].mech.who == "server"
+
+
+def test_what_keeps_an_nfa_epsilon_from_being_a_certificate_is_said():
+    """NFA Theorems 1-2 give ε for the sensitivities and noise they are handed: a heuristic sensitivity, noise
+    sized for Δ/r drawn by each client (sqrt(r) too little on the mean), or a TDL whose exact δ exceeds the
+    run's, each makes the reported ε a claim; cpSGD's Binomial at worst-case sensitivities leaves none."""
+    def reasons(mechanism, sensitivity, noise_at):
+        a = NormFedAvg(0.1, beta=[[0, 1.0]], cohort_size=25, mechanism=mechanism, s=4096, local_steps=1,
+                       sensitivity=sensitivity, noise_at=noise_at)
+        a.setup(torch.zeros(1000), 50, 500, Privacy(epsilon=10, delta=3e-6), seed=0)
+        return a.not_certified()
+
+    assert reasons("binomial", "worst_case", "client") == []
+    assert reasons("binomial", "worst_case", "server") == []            # one draw on the mean: as calibrated
+    assert reasons("binomial", "heuristic", "client") == [
+        "the sensitivities are NFA eq. 6's heuristic (mu = 0.1), not worst-case bounds"]
+    assert reasons("binomial", "worst_case", "client_aggregate") == [
+        "each client's noise is sized for sensitivities over r, so the mean of the r = 25 messages carries "
+        "sqrt(r) = 5 times less noise than calibrated"]
+    assert reasons("qtdl", "worst_case", "client") == [
+        "the TDL noise's exact per-message delta is 1, not the 2^-d Theorem 1 states"]

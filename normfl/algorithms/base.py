@@ -117,6 +117,11 @@ class Algorithm:
         """What this algorithm adds to its privacy block."""
         return {}
 
+    def not_certified(self) -> list[str]:
+        """Why the ε this run reports is not a certificate (empty where it is one): its privatizer's reasons."""
+        why = getattr(self.mech, "not_certified", None)
+        return why() if why else []
+
     def noise_target(self) -> tuple[str | None, float | None]:
         """The privacy block's ``std_on`` (the vector the noise of std ``std`` is added to, and its bound) and
         the weight w of that vector in the direction the server steps along (before the step size; per client,

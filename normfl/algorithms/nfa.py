@@ -150,6 +150,20 @@ class NormFedAvg(Algorithm):
             return f"the mean of the r = {self.r} clients' {msg}; one draw by the server, weight 1", 1.0
         return f"each client's {msg}; the server averages the r = {self.r} messages, weight 1", 1.0
 
+    def not_certified(self) -> list[str]:
+        """NFA Theorems 1-2 state ε for the sensitivities and the noise they are given; where those are not a
+        worst case, or the noise on what the server sees is smaller than calibrated, the ε is a claim."""
+        why = []
+        if self.sensitivity == "heuristic":
+            why.append(f"the sensitivities are NFA eq. 6's heuristic (mu = {self.mu:g}), not worst-case bounds")
+        if self.noise_at == "client_aggregate":
+            why.append(f"each client's noise is sized for sensitivities over r, so the mean of the r = {self.r} "
+                       f"messages carries sqrt(r) = {math.sqrt(self.r):.3g} times less noise than calibrated")
+        exact = getattr(self.mech, "delta_exact", None)
+        if exact is not None and exact > self.privacy.delta:
+            why.append(f"the TDL noise's exact per-message delta is {exact:.3g}, not the 2^-d Theorem 1 states")
+        return why
+
     def privacy_extra(self, steps: int) -> dict:
         sens = (f"heuristic: NFA eq. 6 with mu={self.mu:g}, not a worst-case bound"
                 if self.sensitivity == "heuristic" else "worst case: Definition 1's trivial bounds")

@@ -8,6 +8,8 @@ Every noisy release in normfl goes through one privatizer ``m``:
 - ``m.who``: ``client`` (each client on its own upload) or ``server`` (one draw on the aggregate);
 - ``m.unit``: the privacy unit, ``client`` (all of a client's data) or ``sample`` (one of its samples),
   and ``m.neighbouring``: neighbouring data differ by adding/removing or by replacing that unit;
+- ``m.not_certified()``: why the ε its releases compose to is not a certificate against everyone who sees
+  them, in short sentences (empty where it is one; a privatizer without it has none to give);
 - ``m.release()``: one release as the accountant reads it (``accounting.GaussianRelease`` for the
   Gaussians, composed by dp-accounting; ``accounting.EpsDeltaRelease`` for QTDL and the Binomial,
   composed by NFA Theorem 2's proof); ``m.describe()``: the same facts for ``summary.json``.
@@ -87,6 +89,13 @@ class Gaussian:
 
     def release(self) -> GaussianRelease:
         return GaussianRelease(self.noise_multiplier, self.sampling, self.amplification, self.neighbouring)
+
+    def not_certified(self) -> list[str]:
+        """Amplification by sampling needs who took part kept secret; the server sees every client's own upload."""
+        if self.who == "client" and self.amplification and self.sampling < 1:
+            return [f"the server sees who uploads, so amplification by sampling at q={self.sampling:g} does not "
+                    "hold against it (only against an observer of the models)"]
+        return []
 
     def describe(self) -> dict:
         who = ("each client adds its own noise and the server sees every upload" if self.who == "client"

@@ -87,8 +87,11 @@ class Training:
         self.uncovered = uncovered(flat.module) if self.algo.private else None
         self.weak_delta = weak_delta(self.algo.mech.unit, self.algo.privacy.delta, setup.parts) \
             if self.algo.private else None
+        self.not_certified = self.algo.not_certified() if self.algo.private else []
         for caution in filter(None, (self.uncovered, self.weak_delta)):
             log.warning("privacy: %s", caution)
+        for why in self.not_certified:
+            log.warning("privacy: the ε this run reports is not a certificate: %s", why)
         if self.algo.private:                                # said before the first round, and again at the end
             releases = self.algo.planned_releases(cfg.rounds * setup.steps_per_round)
             self.warn_privacy(planned_spent(self.algo.ledger, releases, self.algo.privacy.epsilon), "will certify")
@@ -215,7 +218,9 @@ class Training:
                 np.save(fh, x.cpu().numpy())
             tmp.replace(self.out_dir / "params.npy")
         privacy = {**self.algo.privacy_report(self.step), "not_covered": self.uncovered,
-                   **({"weak_delta": self.weak_delta} if self.weak_delta else {})} if self.algo.private else None
+                   **({"weak_delta": self.weak_delta} if self.weak_delta else {}),
+                   **({"not_certified": self.not_certified} if self.not_certified else {})} \
+            if self.algo.private else None
         audit = self.audit.result(certified(privacy)[0], self.algo.privacy.delta) if self.audit is not None else None
         summary = self.rec.summary({
             "status": self.status, "config_key": self.key, "profile": cfg.profile, "algo": cfg.algo.name,
