@@ -379,6 +379,23 @@ def test_clipped_per_sample_sums_match_a_naive_loop(path, layout, monkeypatch):
     assert not more[2].any() and more_losses[2] == 0
 
 
+@pytest.mark.parametrize("backend", ["sequential", "stacked"])
+def test_clipped_per_sample_sums_ignore_bf16(backend):
+    """precision=bf16 leaves DP-SGD's per-sample clipping in fp32 (its norms decide the clip factors): the
+    stacked pass ran it under autocast, where the data (fp32) met its first layer's bf16 gradient and failed."""
+    torch.manual_seed(2)
+    x_all, y_all = torch.randint(0, 256, (40, 1, 28, 28), dtype=torch.uint8), torch.randint(0, 10, (40,))
+    data = ClientData(x_all, y_all, [np.arange(0, 20), np.arange(20, 40)], 8, 0,
+                      Preprocess((0.5,), (0.5,), CPU), augment=False)
+    batches = data.poisson_batches(0.5)
+    sums = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        flat = FlatModel(models.cnn((1, 28, 28), 10), CPU, precision)
+        sums[precision], _ = ClientEngine(flat, backend).clipped_sums(torch.stack([flat.vector()] * 2), batches, 0.1)
+    assert sums["bf16"].dtype == torch.float32 and torch.equal(sums["bf16"], sums["fp32"])
+
+
 def test_poisson_sampling_rate_and_seeding():
     y = torch.zeros(4000, dtype=torch.long)
     x = torch.zeros(4000, 1, 1, 1, dtype=torch.uint8)

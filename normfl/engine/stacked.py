@@ -176,15 +176,16 @@ class StackedPass:
         """X ``[n, d]``: x itself, or x repeated for every client; a leaf that gradients can flow to."""
         return (x.detach().expand(n, -1) if x.dim() == 1 else x.detach()).requires_grad_()
 
-    def losses(self, X, piece, stats: dict | None = None, capacity: int | None = None):
+    def losses(self, X, piece, stats: dict | None = None, capacity: int | None = None, fp32: bool = False):
         """Each client's mean loss on its batch at its row of X ([G]), and the output ``[B, G, K]``;
         ``stats``: the clients' copies of the BatchNorm running statistics, updated in place; ``capacity``:
-        see ``stack_inputs``."""
-        return self.losses_stacked(X, *stack_inputs(piece, capacity), stats)
+        see ``stack_inputs``; ``fp32``: in fp32 whatever the run's precision."""
+        return self.losses_stacked(X, *stack_inputs(piece, capacity), stats, fp32)
 
-    def losses_stacked(self, X, xb, yb, mask, stats: dict | None = None):
+    def losses_stacked(self, X, xb, yb, mask, stats: dict | None = None, fp32: bool = False):
         """``losses`` of inputs already stacked (``stack_inputs``)."""
-        out = self.flat.run(functional_call, self.module, (self.flat.as_params(X), stats or {}), (xb,))
+        run = (lambda fn, *args: fn(*args)) if fp32 else self.flat.run
+        out = run(functional_call, self.module, (self.flat.as_params(X), stats or {}), (xb,))
         b, g = yb.shape
         ce = F.cross_entropy(out.reshape(b * g, -1), yb.reshape(-1), reduction="none").view(b, g)
         if mask is None:
@@ -210,7 +211,8 @@ class StackedPass:
 
     def clipped_sums(self, x, pieces, clip: float, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """DP-SGD's per-sample clipped gradient sums of G clients' batches (``clipping.clipped_by_norms``
-        for all clients in one pass), padded to ``capacity``; needs a model of Linear and Conv2d layers only."""
+        for all clients in one pass), padded to ``capacity``; needs a model of Linear and Conv2d layers only.
+        In fp32 under any precision, as the sequential path's (precision=bf16 leaves DP-SGD's clipping alone)."""
         X = self._points(x, len(pieces))
         inputs, outputs = {}, {}
 
@@ -219,7 +221,7 @@ class StackedPass:
 
         hooks = [m.register_forward_hook(keep) for _, m in self.norm_layers]
         try:
-            loss, ce = self.losses(X, pieces, capacity=capacity)
+            loss, ce = self.losses(X, pieces, capacity=capacity, fp32=True)
         finally:
             for h in hooks:
                 h.remove()
