@@ -74,7 +74,8 @@ def varying(dirs: list[Path]) -> list[str]:
 
 def collect(*paths: str | Path, keys: tuple[str, ...] = ()) -> pd.DataFrame:
     """One row per run at or below ``paths``: its directory (``run``), the config ``keys``, the summary's
-    scalars and the certified and target ε (``epsilon``, ``target_epsilon``; None where not private)."""
+    scalars and the certified and target ε (``epsilon``, ``target_epsilon``; None where not private, and
+    ``epsilon`` None where the run reports its ε as a claim: ``privacy.not_certified``)."""
     rows = []
     for run in runs(*paths):
         s, cfg = json.loads((run / "summary.json").read_text()), _config(run)
@@ -82,7 +83,8 @@ def collect(*paths: str | Path, keys: tuple[str, ...] = ()) -> pd.DataFrame:
         rows.append({"run": str(run),
                      **{k: OmegaConf.select(cfg, k, default=None, throw_on_resolution_failure=False) for k in keys},
                      **{k: s.get(k) for k in SUMMARY if k not in keys},
-                     "epsilon": certified(privacy)[0], "target_epsilon": privacy.get("target_epsilon")})
+                     "epsilon": None if privacy.get("not_certified") else certified(privacy)[0],
+                     "target_epsilon": privacy.get("target_epsilon")})
     return pd.DataFrame(rows)
 
 

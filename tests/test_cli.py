@@ -112,6 +112,7 @@ def test_a_run_certifying_more_than_its_target_says_so_at_the_start_and_the_end(
     assert len(why) == 1 and "the server sees who uploads" in why[0]  # who took part, so no amplification for it
     assert "the ε this run reports is not a certificate: the server sees who uploads" in out.stdout
     assert f"ε 8 asked, 8 claimed (pld); not a certificate: {why[0]} |" in out.stdout
+    assert collect(tmp_path / "amplified").epsilon[0] is None            # a sweep's table: no certified ε
 
 
 def test_a_sweep_of_many_overrides_runs_in_numbered_folders_and_ends_with_a_table(tmp_path, data_root):
