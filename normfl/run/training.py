@@ -94,10 +94,13 @@ class Training:
             log.warning("privacy: the ε this run reports is not a certificate: %s", why)
         if self.algo.private:                                # said before the first round, and again at the end
             releases = self.algo.planned_releases(cfg.rounds * setup.steps_per_round)
-            self.warn_privacy(planned_spent(self.algo.ledger, releases, self.algo.privacy.epsilon), "will certify")
+            self.warn_privacy(planned_spent(self.algo.ledger, releases, self.algo.privacy.epsilon), ahead=True)
 
-    def warn_privacy(self, spent: dict, verb: str) -> None:
-        """A warning, on the console and in the log, when the run certifies more than privacy.epsilon."""
+    def warn_privacy(self, spent: dict, ahead: bool) -> None:
+        """A warning, on the console and in the log, when the run certifies (or, ``not_certified``, claims)
+        more than privacy.epsilon: ``ahead`` before its first round, else at its end."""
+        verb = {(True, False): "will certify", (False, False): "certifies",
+                (True, True): "will claim", (False, True): "claims"}[ahead, bool(self.not_certified)]
         eps, by = certified(spent)
         target = self.algo.privacy.epsilon
         if eps is None or eps <= target:
@@ -243,7 +246,7 @@ class Training:
         })
         checkpoint.remove(self.out_dir)                      # the summary now stands for the run
         if self.algo.private:
-            self.warn_privacy(summary["privacy"], "certifies")
+            self.warn_privacy(summary["privacy"], ahead=False)
         return summary
 
 
