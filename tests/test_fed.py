@@ -61,8 +61,10 @@ class SampleQuadratic:
         return [[[(slice(s, s + b), None, min(b, N - s) / N)] for _ in range(len(self.c))] for s in range(0, N, b)]
 
     def grads(self, x, batches=None):
+        """Each piece's gradient times its weight, as ``ClientEngine.grads`` gives it."""
+        w = torch.tensor([b[0][2] for b in batches], dtype=x.dtype)
         G = torch.stack([x[i] - self.c[i, batches[i][0][0]].mean(0) for i in range(len(self.c))])
-        return G, 0.5 * (G ** 2).sum(1)
+        return w[:, None] * G, w * 0.5 * (G ** 2).sum(1)
 
 
 @pytest.mark.parametrize("b", [1, 2])
@@ -267,3 +269,35 @@ def test_a_weighted_mean_over_participants_keeps_their_weights():
     dense[ids] = rows
     torch.testing.assert_close(weighted_mean(q, rows, ids), (q[:, None] * dense).mean(0), rtol=0, atol=1e-15)
     torch.testing.assert_close(weighted_mean(q, rows, ids), 2.5 * rows.sum(0) / 10, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("b", [1, 3, 8])
+def test_incremental_gradient_pass_with_the_real_engine_steps_gamma_b_over_n(b):
+    """The cyclic pass through ClientEngine and ClientData: each step is γ·(b_j/N) times its batch's mean
+    gradient, the engine applying the weight b_j/N once (the operator applied it a second time before)."""
+    import numpy as np
+
+    from normfl.algorithms.local import pseudo_gradient
+    from normfl.data import ClientData, Preprocess
+    from normfl.engine import ClientEngine, Clients, FlatModel
+    from normfl.models import logreg
+
+    torch.manual_seed(0)
+    x_all, y_all = torch.randint(0, 256, (16, 1, 2, 2), dtype=torch.uint8), torch.randint(0, 3, (16,))
+    parts = [np.arange(0, 8), np.arange(8, 16)]
+    data = ClientData(x_all, y_all, parts, 4, 0, Preprocess((0.5,), (0.5,), torch.device("cpu")), augment=False)
+    flat = FlatModel(logreg((1, 2, 2), 3), torch.device("cpu"), "fp32")
+    x0, gamma = flat.vector(), 0.5
+    U, _ = pseudo_gradient(x0, Clients(ClientEngine(flat, "sequential"), data), gamma, operator="ig",
+                           ig_batch_size=b)
+    xb_all = (x_all.float() / 255 - 0.5) / 0.5
+    for i, p in enumerate(parts):
+        x = x0.clone()
+        for s in range(0, len(p), b):
+            idx = p[s:s + b]
+            flat.load(x)
+            flat.module.zero_grad()
+            torch.nn.functional.cross_entropy(flat.module(xb_all[idx]), y_all[idx]).backward()
+            g = torch.cat([q.grad.reshape(-1) for q in flat.module.parameters()])
+            x = x - gamma * (len(idx) / len(p)) * g
+        torch.testing.assert_close(U[i], (x0 - x) / gamma, rtol=1e-5, atol=1e-6)

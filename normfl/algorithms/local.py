@@ -34,12 +34,11 @@ def pseudo_gradient(x: torch.Tensor, clients: Clients, gamma: float, steps: int 
         X, loss = x, None
         with host_side():                                          # host ids (``ops.Participation``)
             mine = None if ids is None else ids.tolist()
-        for batches in clients.cyclic_pass(ig_batch_size):
+        for batches in clients.cyclic_pass(ig_batch_size):      # each batch weighted b_j / N ...
             batches = batches if mine is None else [batches[i] for i in mine]
-            G, step_loss = clients.grads(X, batches)
-            frac = torch.tensor([b[0][2] for b in batches], dtype=x.dtype).to(x.device, non_blocking=True)   # b_j / N
-            X = X - gamma * frac[:, None] * G
-            loss = step_loss * frac if loss is None else loss + step_loss * frac
+            G, step_loss = clients.grads(X, batches)             # ... which grads applies: (b_j/N) ∇f_{i,B_j}
+            X = X - gamma * G
+            loss = step_loss if loss is None else loss + step_loss
     else:
         raise ValueError(f"local.operator={operator!r}; allowed: {', '.join(OPERATORS)}")
     return (x - X) / gamma, loss
