@@ -54,6 +54,11 @@ def test_killed_run_resumes_to_identical_outputs(algo, tmp_path, data_root):
     assert not list(killed.glob(".*.tmp"))                                   # no half-written file left
     rows_at_kill = len(pd.read_csv(killed / "metrics.csv"))
     assert 1 <= rows_at_kill < 301
+    if algo == "normec":                 # resume=false refused at its data (after the config) keeps the checkpoint
+        nowhere = tmp_path / "no-data"
+        out = subprocess.run([*command(nowhere, killed, *ALGOS[algo]), "resume=false", f"offline_data={nowhere}"],
+                             cwd=REPO, capture_output=True, text=True)
+        assert out.returncode == 1 and "not found" in out.stderr and (killed / "checkpoint.pt").exists()
     out = train(data_root, killed, *ALGOS[algo])
     assert "resuming from round" in out.stdout + out.stderr
     train(data_root, whole, *ALGOS[algo])

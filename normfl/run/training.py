@@ -302,11 +302,11 @@ def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: b
             log.info("%s already holds this config's finished run (resume=false reruns it)", out_dir)
             d.release()
             return done
-        if not cfg.resume:
-            checkpoint.remove(out_dir)                       # this config's (claim refused any other's)
-        state = checkpoint.load(out_dir, key)
+        state = checkpoint.load(out_dir, key) if cfg.resume else None
         t_start = time.perf_counter() - (state["wall_time_s"] if state else 0.0)
         setup = build(cfg, cache)
+        if not cfg.resume:                                   # this config's (claim refused any other's), once
+            checkpoint.remove(out_dir)                       # the run is sure to start: a refusal keeps it
         d.record(cfg, overrides, hydra_cfg)
         return Training(cfg, out_dir, key, state, t_start, setup, cfg.progress if progress is None else progress, d)
     except INPUT_ERRORS:
