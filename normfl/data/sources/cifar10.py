@@ -69,11 +69,12 @@ def load_cifar10(
             "CIFAR-10",
             looked,
             [
-                f"put torchvision's CIFAR-10 ({root / TORCHVISION_FOLDER}) under root, e.g. by running "
-                "torchvision.datasets.CIFAR10(root, download=True) on a machine with internet access",
-                "pass download=True on a machine that can reach www.cs.toronto.edu",
-                f"pass offline_dir (or set ${OFFLINE_ENV}) to a folder holding {CIFAR10_JPEG_ARCHIVE} and "
-                f"{CIFAR10_LABELS} (lossy JPEG copy; results are labelled 'CIFAR-10 (JPEG copy)')",
+                f"put torchvision's CIFAR-10 ({root / TORCHVISION_FOLDER}) under the root (train.py: data_root=), "
+                "e.g. by running torchvision.datasets.CIFAR10(root, download=True) on a machine with internet access",
+                "set dataset.download=true (download=True in Python) on a machine that can reach www.cs.toronto.edu",
+                f"point offline_data= (offline_dir in Python, or ${OFFLINE_ENV}) at a folder holding "
+                f"{CIFAR10_JPEG_ARCHIVE} and {CIFAR10_LABELS} (lossy JPEG copy; results are labelled "
+                "'CIFAR-10 (JPEG copy)')",
             ],
             (root, offline),
         )

@@ -78,11 +78,11 @@ def load_fashion_mnist(
             "Fashion-MNIST",
             looked,
             [
-                f"put torchvision's Fashion-MNIST ({raw}) under root, e.g. by running "
+                f"put torchvision's Fashion-MNIST ({raw}) under the root (train.py: data_root=), e.g. by running "
                 "torchvision.datasets.FashionMNIST(root, download=True) on a machine with internet access",
-                f"pass offline_dir (or set ${OFFLINE_ENV}) to a folder holding FashionMNIST/raw/*.gz "
-                "(the four original idx files)",
-                "pass download=True on a machine with internet access",
+                f"point offline_data= (offline_dir in Python, or ${OFFLINE_ENV}) at a folder holding "
+                "FashionMNIST/raw/*.gz (the four original idx files)",
+                "set dataset.download=true (download=True in Python) on a machine with internet access",
             ],
             (root, offline),
         )
