@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from normfl.config import config_key, validate
 from normfl.errors import ConfigError
-from normfl.reproduce import figures, jobs, report, store, targets
+from normfl.reproduce import figures, jobs, records, report, store, targets
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=2", "eval_every=1",
@@ -189,6 +189,18 @@ def fake_run(d: Path, final_acc, losses, status="completed", **summary):
                   "test_acc": [0.1] * len(losses) + [final_acc]}).to_csv(d / "metrics.csv", index=False)
     (d / "summary.json").write_text(json.dumps({"status": status, "final_test_acc": final_acc, **summary}))
     return d
+
+
+def test_a_diverged_run_gives_no_number_to_any_table(tmp_path, monkeypatch):
+    """A diverged seed kept its last-five accuracy and train loss, which NFA's seed tables averaged in."""
+    monkeypatch.setattr(records, "RECORDS", tmp_path / "no-records")
+    target = targets.get("normfedavg-t6")
+    key = jobs.jobs(target.grid, "paper")[0].key
+    fake_run(tmp_path / "store" / key, 0.9, [1.0, 0.8], status="diverged", last5_mean_test_acc=0.9,
+             final_train_loss=0.8, best_test_acc=0.9)
+    row = figures.runs(target, "paper", tmp_path / "store").set_index("key").loc[key]
+    assert row.status == "diverged"
+    assert all(pd.isna(row[c]) for c in ("final_acc", "best_acc", "last5_err", "final_loss", "min_loss"))
 
 
 def test_tuned_gamma_is_chosen_by_final_accuracy_and_skips_diverged():

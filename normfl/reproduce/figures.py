@@ -49,8 +49,8 @@ def runs(target, profile: str, store_dir: Path) -> pd.DataFrame:
                        final_loss=s.get("final_train_loss"), bits=s.get("bits_per_coord"), data=s.get("data"),
                        wall=s.get("wall_time_s"), final_round=s.get("final_round"),
                        min_loss=curve(d).train_loss.min())
-            if row["status"] == "diverged":       # excluded from every argmax, drawn up to divergence
-                row["final_acc"] = row["best_acc"] = None
+            if row["status"] == "diverged":       # no result for any table, argmax or mean; drawn up to its end
+                row.update(final_acc=None, best_acc=None, last5_err=None, final_loss=None, min_loss=None)
         rows.append(row)
     return pd.DataFrame(rows)
 
