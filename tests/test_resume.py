@@ -87,7 +87,8 @@ def test_finished_run_is_not_rerun_and_another_config_is_refused(tmp_path, data_
 
 def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root):
     """A job that crashes is recorded as failed with its error while the others finish; running the
-    same sweep again in the same sweep dir leaves the finished jobs alone."""
+    same sweep again in the same sweep dir leaves the finished jobs alone, and another sweep there is refused
+    before it starts."""
     cmd = [sys.executable, str(REPO / "train.py"), "-m", f"data_root={data_root}", *BASE, "rounds=4",
            f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "algo=normec,crasher", "clients=4",
            f"hydra.sweep.dir={tmp_path}"]
@@ -103,6 +104,11 @@ def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert "already holds this config's finished run" in again.stdout + again.stderr
     assert (jobs["0"] / "summary.json").read_text() == before
+    table = (tmp_path / "jobs.csv").read_text()                # another grid here would have replaced it
+    other = subprocess.run([*cmd[:-3], "algo=crasher,normec", *cmd[-2:]], cwd=REPO, capture_output=True, text=True)
+    assert other.returncode == 1 and other.stderr.startswith(f"normfl: invalid config: hydra.sweep.dir='{tmp_path}'")
+    assert "(its job 0 ran algo=normec; here: algo=crasher)" in other.stderr
+    assert (tmp_path / "jobs.csv").read_text() == table and (jobs["0"] / "summary.json").read_text() == before
 
 
 def test_killed_stacked_sweep_resumes_to_identical_outputs(tmp_path, data_root):

@@ -325,26 +325,55 @@ class SweepStop:
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "StackedLauncher", "LocalLauncher")   # jobs run here
 
 
+def sweep_jobs(config: DictConfig) -> list[tuple[int, list[str]]]:
+    """Each job of a sweep (job number, overrides) as Hydra's basic sweeper will number them; none for other
+    sweepers."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    hc = config.hydra
+    if not str(hc.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+        return []
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{k}={v}" for k, v in (hc.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *hc.overrides.task])
+    return list(enumerate(list(o) for batch in BasicSweeper.split_arguments(parsed, None) for o in batch))
+
+
+def other_sweep(config: DictConfig) -> ConfigError | None:
+    """A sweep directory whose numbered job folders hold another sweep's jobs (another job's overrides under the
+    same number): its jobs would each be refused, and this sweep's table would replace that sweep's. The same
+    overrides continue a sweep, and added values add jobs; anything else is refused before the sweep starts."""
+    hc = config.hydra
+    if OmegaConf.to_container(hc.sweep, resolve=False).get("subdir") != "${hydra.job.num}":
+        return None                                          # folders not by number (a run store's keys)
+    sweep_dir = Path(str(hc.sweep.dir))
+    for num, overrides in sweep_jobs(config):
+        saved = sweep_dir / str(num) / ".hydra" / "overrides.yaml"
+        there = list(OmegaConf.load(saved)) if saved.is_file() else overrides
+        if set(there) != set(overrides):
+            ran = " ".join(o for o in there if o not in overrides) or "-"
+            would = " ".join(o for o in overrides if o not in there) or "-"
+            return ConfigError("hydra.sweep.dir", str(sweep_dir), f"a new directory, or this one's own sweep again: "
+                               f"it holds another sweep (its job {num} ran {ran}; here: {would})")
+    return None
+
+
 def refusals(config: DictConfig) -> list[tuple[int, list[str], ConfigError]]:
     """The jobs of a sweep that their validation will refuse, each (job number, overrides, error), found before any
     job starts, as Hydra's basic sweeper will number them; none for other sweepers, and none for launchers whose
     jobs run elsewhere (SLURM: another machine's cores and devices). A job whose config composes or validates
     only where it runs (its data's client count, say) is left to the job."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from normfl.config import validate
 
-    hc = config.hydra
-    if not str(hc.sweeper.get("_target_", "")).endswith(".BasicSweeper") or \
-            not str(hc.launcher.get("_target_", "")).endswith(LOCAL_LAUNCHERS):
+    if not str(config.hydra.launcher.get("_target_", "")).endswith(LOCAL_LAUNCHERS):
         return []
     loader = GlobalHydra.instance().config_loader()
-    params = [f"{k}={v}" for k, v in (hc.sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *hc.overrides.task])
     found = []
-    for num, overrides in enumerate(o for batch in BasicSweeper.split_arguments(parsed, None) for o in batch):
+    for num, overrides in sweep_jobs(config):
         try:
             cfg = loader.load_sweep_config(config, list(overrides))
             with open_dict(cfg):
@@ -379,6 +408,8 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         refuse_a_file("hydra.sweep.dir", config.hydra.sweep.dir)
+        if clash := other_sweep(config):
+            sys.exit(f"normfl: {clash}")
         sweep_dir = Path(str(config.hydra.sweep.dir))
         (sweep_dir / OUTCOMES / STOP).unlink(missing_ok=True)           # asked of an earlier sweep here
         for num, overrides, err in refusals(config):
