@@ -422,3 +422,35 @@ def test_a_calibrated_run_never_spends_more_than_asked(accountant, tmp_path, dat
                  "privacy.epsilon=1")[0] == 0
     privacy = json.loads((d / "summary.json").read_text())["privacy"]
     assert privacy["target_epsilon"] == 1 and 0.99 < privacy[f"epsilon_{accountant}"] <= 1
+
+
+def test_a_stale_lock_is_taken_over_by_one_claimant_only(tmp_path):
+    """Runs starting at once on a directory whose lock a killed run left: each removed the stale lock and took
+    its own, and one could remove the lock another had just taken, so two held the directory (7 of 60 trials
+    of four processes). Exactly one holds it now (claimants as threads: the same race, without forking)."""
+    import socket
+    import threading
+
+    from normfl.errors import ConfigError
+    from normfl.run.rundir import RunDir
+
+    def claim(d: Path, barrier, outcomes: list) -> None:
+        run_dir = RunDir(d)
+        barrier.wait()
+        try:
+            run_dir.claim("k")
+            outcomes.append("held")
+        except ConfigError:
+            outcomes.append("refused")
+
+    for trial in range(100):
+        d = tmp_path / str(trial)
+        d.mkdir()
+        (d / ".lock").write_text(json.dumps({"pid": 2**22 + 1, "host": socket.gethostname(), "since": "then"}))
+        barrier, outcomes = threading.Barrier(4), []
+        threads = [threading.Thread(target=claim, args=(d, barrier, outcomes)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcomes) == ["held", "refused", "refused", "refused"], trial

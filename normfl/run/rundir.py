@@ -40,19 +40,53 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def holder(path: Path) -> dict | None:
-    """Who holds the directory (``pid``, ``host``, ``since``), or None if nobody alive does."""
-    lock = Path(path) / LOCK
+def _lock_state(lock: Path) -> dict | str:
+    """Who holds ``lock`` (``pid``, ``host``, ``since``); "none" where there is no lock file, "stale" where its
+    process is gone (on this host) or the file is broken and older than a minute (one being written is held)."""
     try:
         info = json.loads(lock.read_text())
     except FileNotFoundError:
-        return None
-    except (OSError, ValueError):    # being written this instant, or broken: held unless old
-        age = time.time() - lock.stat().st_mtime if lock.exists() else 1e9
-        return {"pid": None, "host": "?", "since": None} if age < 60 else None
+        return "none"
+    except (OSError, ValueError):
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return "none"
+        return {"pid": None, "host": "?", "since": None} if age < 60 else "stale"
     if info.get("host") == socket.gethostname() and not _alive(int(info.get("pid", -1))):
-        return None
+        return "stale"
     return info
+
+
+def holder(path: Path) -> dict | None:
+    """Who holds the directory (``pid``, ``host``, ``since``), or None if nobody alive does."""
+    state = _lock_state(Path(path) / LOCK)
+    return state if isinstance(state, dict) else None
+
+
+def _remove_stale(lock: Path) -> None:
+    """Remove a lock whose process is gone, one claimant at a time: each holds ``.lock.takeover`` while it reads
+    the lock again and removes it only if that read says stale (not if it is missing: another claimant may be
+    making its own this instant). Only a takeover removes a stale lock, so the file read is the file removed.
+    Unguarded, two claimants' removals of one stale lock let both hold the directory. A claimant that finds
+    another at it waits a moment and tries again; a takeover left by a process killed in it goes after a minute."""
+    mutex = lock.with_name(LOCK + ".takeover")
+    try:
+        fd = os.open(mutex, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            if time.time() - mutex.stat().st_mtime > 60:
+                mutex.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+        return
+    os.close(fd)
+    try:
+        if _lock_state(lock) == "stale":
+            lock.unlink(missing_ok=True)
+    finally:
+        mutex.unlink(missing_ok=True)
 
 
 class RunDir:
@@ -70,7 +104,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         lock = self.path / LOCK
         me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        for _ in range(3):
+        for _ in range(200):
             try:
                 fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
@@ -78,7 +112,7 @@ class RunDir:
                     raise ConfigError(DIR_KEY, str(self.path), f"a directory no live run holds (held by pid "
                                       f"{info.get('pid')} on {info.get('host')} since {info.get('since')}; "
                                       "wait for it, or choose another run directory)") from None
-                lock.unlink(missing_ok=True)                 # its process is gone
+                _remove_stale(lock)                          # its process is gone
                 continue
             with os.fdopen(fd, "w") as fh:
                 json.dump(me, fh)
