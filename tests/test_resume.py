@@ -59,8 +59,10 @@ def test_killed_run_resumes_to_identical_outputs(algo, tmp_path, data_root):
         out = subprocess.run([*command(nowhere, killed, *ALGOS[algo]), "resume=false", f"offline_data={nowhere}"],
                              cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 1 and "not found" in out.stderr and (killed / "checkpoint.pt").exists()
+    (killed / ".metrics.csv.1.2.tmp").write_text("")                        # as a kill mid-write leaves it
     out = train(data_root, killed, *ALGOS[algo])
     assert "resuming from round" in out.stdout + out.stderr
+    assert not list(killed.glob(".*.tmp"))                                   # the resumed run cleared it
     train(data_root, whole, *ALGOS[algo])
     a, b = (pd.read_csv(d / "metrics.csv").drop(columns="wall_time") for d in (whole, killed))
     pd.testing.assert_frame_equal(a, b)

@@ -6,6 +6,7 @@
 - A directory holding another config's run (its summary, checkpoint or ``.hydra/config.yaml``) is
   refused, naming both configs; only the same config continues there (resume) or, asked with
   ``resume=false``, starts over.
+- A run accepted in its directory first removes the half-written files (``.*.tmp``) a killed writer left.
 - A refused run removes exactly what it created: the files and folders that were not there when it
   started, the lines it appended to a log that was, and the directory if it was empty. The run's
   ``.hydra/`` record is written only once it is accepted (Hydra's own is turned off in
@@ -124,6 +125,8 @@ class RunDir:
         if other is not None and other != key:
             raise ConfigError(DIR_KEY, str(self.path), f"a new directory, or one holding this config's run ({key}); "
                               f"it holds a run of config {other}, which is never overwritten")
+        for tmp in self.path.glob(".*.tmp"):                 # half-written by this config's run, killed mid-write:
+            tmp.unlink(missing_ok=True)                      # no live writer is left (the lock is ours)
 
     def owner(self) -> str | None:
         """The config key of the run already in the directory: its summary's, its recorded config's, or
