@@ -135,6 +135,9 @@ def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_
     files = records.contents(rec)                   # a diverged run's NaN equals itself
     files["summary.json"] = json.dumps({**json.loads(files["summary.json"]), "final_train_loss": float("nan")})
     assert verify.identical(verify.compare(files, files)) and records.differences(files, files) == []
+    older = {**files, "config.yaml": b"\n".join(line for line in files["config.yaml"].splitlines()
+                                                 if not line.startswith((b"memory_format:", b"threads:")))}
+    assert records.differences(older, files) == []  # made before memory_format existed, on other threads
     # a record that says otherwise: one accuracy, one loss
     rows = [r.split(",") for r in lzma.decompress((rec / "metrics.csv.xz").read_bytes()).decode().splitlines()]
     acc, loss = rows[0].index("test_acc"), rows[0].index("test_loss")
@@ -309,3 +312,14 @@ def test_stop_passes_each_signal_on_once_and_starts_nothing_after(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
         assert stop.count == 2 and stop.popen([sys.executable, "-c", ""]) is None
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before    # the driver's own are back
+
+
+def test_a_record_folder_without_its_summary_is_refused_not_recursed_into(tmp_path, monkeypatch):
+    """A record folder holding no summary.json made the atomic rename fail and pack call itself for ever."""
+    source = next(d for d in sorted((jobs.ROOT / "outputs" / "records").iterdir()) if (d / "summary.json").is_file())
+    monkeypatch.setattr(records, "RECORDS", tmp_path / "records")
+    (tmp_path / "records" / source.name).mkdir(parents=True)
+    (tmp_path / "records" / source.name / "config.yaml").write_bytes((source / "config.yaml").read_bytes())
+    with pytest.raises(records.RecordError, match="holds no summary.json"):
+        records.pack(source)
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [source.name]   # nothing else left there

@@ -92,9 +92,12 @@ def compact(csv: str) -> bytes:
 
 
 def differences(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
-    """What differs between two records' files (the summaries by field, wall times and where it ran aside:
-    the same run made twice differs there and only there)."""
-    out = [name for name in ("config.yaml", METRICS) if table_rows(name, a[name]) != table_rows(name, b[name])]
+    """What differs between two records' files: the configs by their run key (what the run computes: threads,
+    paths and keys added after a record was made do not count), the per-round tables, and the summaries by
+    field (wall times and where it ran aside: the same run made twice differs there and only there)."""
+    keys = (config_key(OmegaConf.create(x["config.yaml"].decode())) for x in (a, b))
+    out = ["config.yaml"] * (len(set(keys)) > 1) + [METRICS] * (table_rows(METRICS, a[METRICS]) !=
+                                                               table_rows(METRICS, b[METRICS]))
     sa, sb = (json.loads(x["summary.json"]) for x in (a, b))
     fields = [k for k in sorted(set(sa) | set(sb)) if k not in PLACE_AND_TIME and not same(sa.get(k), sb.get(k))]
     return out + [f"summary.json: {', '.join(fields)}"] * bool(fields)
@@ -129,9 +132,13 @@ def pack(run_dir: Path) -> str:
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=records))
     for name, data in files.items():
         (tmp / name).write_bytes(data)
+    tmp.chmod(0o755)                                # mkdtemp's 0700 would keep the record from others
     try:
         tmp.rename(target)                          # atomic; a record made meanwhile by another wins
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "summary.json").is_file():
+            raise RecordError(run_dir, f"a key whose record folder is whole or absent ({target} holds no "
+                              "summary.json: restore it, or move it away)") from None
         return pack(run_dir)
     return "added"
