@@ -97,7 +97,7 @@ def _key(v) -> str:
     """A config value as a table cell or label: as written (β = 0.001 stays 0.001), whole floats as integers."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
-    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+    return str(int(v)) if isinstance(v, float) and v.is_integer() and abs(v) < 1e15 else str(v)   # 1e+300 stays
 
 
 def table(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:

@@ -135,3 +135,10 @@ def test_a_committed_record_sits_beside_a_run(sweep, tmp_path, monkeypatch):
     table = pd.DataFrame(collect(sweep / "0", rec, keys=("algo.beta",)))
     assert sorted(table["algo.beta"]) == [0.01, 0.1]
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_a_key_is_written_as_typed_whole_floats_as_integers_unless_huge():
+    """γ = 1e300 (a divergence test) came out as a 301-digit integer in a sweep's table."""
+    from normfl.collect import _key
+
+    assert [_key(v) for v in (20.0, 0.001, 1e300, -3.0, None, "sn")] == ["20", "0.001", "1e+300", "-3", "–", "sn"]
