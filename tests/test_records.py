@@ -138,6 +138,8 @@ def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_
     older = {**files, "config.yaml": b"\n".join(line for line in files["config.yaml"].splitlines()
                                                  if not line.startswith((b"memory_format:", b"threads:")))}
     assert records.differences(older, files) == []  # made before memory_format existed, on other threads
+    block = {"noise_multiplier": 1.0, "epsilon_pld": float("nan")}   # a field added to a block since: not compared
+    assert records.same(block, {**block, "not_certified": ["why"]}) and not records.same({**block, "x": 1}, block)
     # a record that says otherwise: one accuracy, one loss
     rows = [r.split(",") for r in lzma.decompress((rec / "metrics.csv.xz").read_bytes()).decode().splitlines()]
     acc, loss = rows[0].index("test_acc"), rows[0].index("test_loss")
