@@ -92,12 +92,11 @@ def compact(csv: str) -> bytes:
 
 
 def differences(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
-    """What differs between two records' files: the configs by their run key (what the run computes: threads,
-    paths and keys added after a record was made do not count), the per-round tables, and the summaries by
-    field (wall times and where it ran aside: the same run made twice differs there and only there)."""
-    keys = (config_key(OmegaConf.create(x["config.yaml"].decode())) for x in (a, b))
-    out = ["config.yaml"] * (len(set(keys)) > 1) + [METRICS] * (table_rows(METRICS, a[METRICS]) !=
-                                                               table_rows(METRICS, b[METRICS]))
+    """What differs between two records' files (``contents``: each config checked against its summary's
+    ``config_key``): the per-round tables, and the summaries by field, the run key among them (so threads, paths
+    and keys added after a record was made do not count), wall times and where it ran aside: the same run made
+    twice differs there and only there."""
+    out = [METRICS] * (table_rows(METRICS, a[METRICS]) != table_rows(METRICS, b[METRICS]))
     sa, sb = (json.loads(x["summary.json"]) for x in (a, b))
     fields = [k for k in sorted(set(sa) | set(sb)) if k not in PLACE_AND_TIME and not same(sa.get(k), sb.get(k))]
     return out + [f"summary.json: {', '.join(fields)}"] * bool(fields)
