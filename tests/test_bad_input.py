@@ -231,13 +231,13 @@ def test_a_sweeps_refused_jobs_are_named_before_any_job_starts(launcher, expect)
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
-    from normfl.run.cli import refusals
+    from normfl.run.cli import refusals, sweep_jobs
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=normec_np_dpsgd", *launcher], return_hydra_config=True)
         with open_dict(cfg):
             cfg.hydra.overrides.task = ["experiment=normec_np_dpsgd", "algo.gamma=0.1,-2", *launcher]
-        found = refusals(cfg)
+        found = refusals(cfg, sweep_jobs(cfg))
     assert [num for num, *_ in found] == [1, 3, 5, 7][:expect]
     assert all(str(err) == "invalid config: algo.gamma=-2; allowed: a number > 0, finite" and "algo.gamma=-2" in o
                for _, o, err in found)

@@ -341,7 +341,7 @@ def sweep_jobs(config: DictConfig) -> list[tuple[int, list[str]]]:
     return list(enumerate(list(o) for batch in BasicSweeper.split_arguments(parsed, None) for o in batch))
 
 
-def other_sweep(config: DictConfig) -> ConfigError | None:
+def other_sweep(config: DictConfig, jobs: list[tuple[int, list[str]]]) -> ConfigError | None:
     """A sweep directory whose numbered job folders hold another sweep's jobs (another job's overrides under the
     same number): its jobs would each be refused, and this sweep's table would replace that sweep's. The same
     overrides continue a sweep, and added values add jobs; anything else is refused before the sweep starts."""
@@ -349,7 +349,7 @@ def other_sweep(config: DictConfig) -> ConfigError | None:
     if OmegaConf.to_container(hc.sweep, resolve=False).get("subdir") != "${hydra.job.num}":
         return None                                          # folders not by number (a run store's keys)
     sweep_dir = Path(str(hc.sweep.dir))
-    for num, overrides in sweep_jobs(config):
+    for num, overrides in jobs:
         saved = sweep_dir / str(num) / ".hydra" / "overrides.yaml"
         there = list(OmegaConf.load(saved)) if saved.is_file() else overrides
         if set(there) != set(overrides):
@@ -360,7 +360,7 @@ def other_sweep(config: DictConfig) -> ConfigError | None:
     return None
 
 
-def refusals(config: DictConfig) -> list[tuple[int, list[str], ConfigError]]:
+def refusals(config: DictConfig, jobs: list[tuple[int, list[str]]]) -> list[tuple[int, list[str], ConfigError]]:
     """The jobs of a sweep that their validation will refuse, each (job number, overrides, error), found before any
     job starts, as Hydra's basic sweeper will number them; none for other sweepers, and none for launchers whose
     jobs run elsewhere (SLURM: another machine's cores and devices). A job whose config composes or validates
@@ -373,7 +373,7 @@ def refusals(config: DictConfig) -> list[tuple[int, list[str], ConfigError]]:
         return []
     loader = GlobalHydra.instance().config_loader()
     found = []
-    for num, overrides in sweep_jobs(config):
+    for num, overrides in jobs:
         try:
             cfg = loader.load_sweep_config(config, list(overrides))
             with open_dict(cfg):
@@ -408,11 +408,12 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         refuse_a_file("hydra.sweep.dir", config.hydra.sweep.dir)
-        if clash := other_sweep(config):
+        jobs = sweep_jobs(config)
+        if clash := other_sweep(config, jobs):
             sys.exit(f"normfl: {clash}")
         sweep_dir = Path(str(config.hydra.sweep.dir))
         (sweep_dir / OUTCOMES / STOP).unlink(missing_ok=True)           # asked of an earlier sweep here
-        for num, overrides, err in refusals(config):
+        for num, overrides, err in refusals(config, jobs):
             print(f"normfl sweep: job {num} will be refused ({' '.join(overrides)}): {err}", file=sys.stderr)
         if "joblib" in str(config.hydra.launcher.get("_target_", "")):
             self.stop = SweepStop(sweep_dir)
