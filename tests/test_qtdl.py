@@ -187,7 +187,10 @@ def test_tdl_sampler_tiny_alpha_branches():
     assert np.all(np.abs(freq - 1 / 21) <= 5 * math.sqrt(1 / 21 * 20 / 21 / n))
     big = 2**30 + 2                                               # worst-case regime: α ≈ 2e-18, α·m ≈ 2e-9
     y = tdl_levels((n,), big, 2e-18, gen(4)).double()
-    assert y.abs().max() <= big and y.abs().min() >= 0
+    assert y.abs().max() <= big and torch.equal(y, y.round())
+    # αm ≈ 2e-9: the magnitude is uniform on {1..m} (mean (m+1)/2, sd m/√12) and the sign a fair coin
+    assert abs((y > 0).double().mean().item() - 0.5) <= 5 * math.sqrt(0.25 / n)
+    assert abs(y.abs().mean().item() - (big + 1) / 2) <= 5 * big / math.sqrt(12 * n)
     assert y.var().item() == pytest.approx(tdl_variance(big, 2e-18, 1), rel=0.02)   # ~4.5 s.e. of the variance
     assert abs(y.mean().item()) < 4 * math.sqrt(tdl_variance(big, 2e-18, 1) / n)
 

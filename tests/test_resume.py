@@ -2,6 +2,7 @@
 the same metrics and parameters as a run never interrupted; finished runs are not rerun."""
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from tests.test_end_to_end import train as train_py
 
@@ -141,3 +143,161 @@ def test_killed_stacked_sweep_resumes_to_identical_outputs(tmp_path, data_root):
         a, b = (pd.read_csv(d / job / "metrics.csv").drop(columns="wall_time") for d in (whole, killed))
         pd.testing.assert_frame_equal(a, b)
         assert np.array_equal(np.load(whole / job / "params.npy"), np.load(killed / job / "params.npy"))
+
+
+# -- Resume in-process: every algorithm config and every model family --------------------------------------------
+# A checkpoint that forgets anything a round changes (a DP-SGD step counter, an error-feedback memory, BatchNorm's
+# running statistics, the clients' batch streams, the canaries' scores) makes a resumed run end elsewhere, or spend
+# more privacy than it reports, under the same run key. Each case below trains a run whole and the same run stopped
+# after its last checkpoint plus some unsaved rounds (what a kill loses), then continued from a fresh build, and
+# compares everything a run reports: every metrics column but wall time, the parameters, the buffers, the
+# algorithm's state and the summary (its privacy block included).
+
+SMALL = {"dataset": "fashion_mnist", "dataset.train_limit": 400, "dataset.test_limit": 100, "model": "logreg",
+         "clients": 4, "progress": "false", "save_params": "true", "backend": "sequential", "threads": 1, "rounds": 12,
+         "eval_every": 3, "checkpoint_every": 4}     # an override of the same key replaces its value here
+DPSGD = ["algo.sample_rate=0.1", "algo.sigma=1.5", "privacy.epsilon=8"]
+EVERY_ALGO = {                                  # one case per algorithm config (conf/algo), on logreg
+    "normec": ["algo=normec"],
+    "dp_normec": ["algo=dp_normec", "privacy.calibration=accountant", "accountant=pld"],
+    "clip21": ["algo=clip21"],
+    "dp_clip21": ["algo=dp_clip21"],
+    "dpsgd_norm": ["algo=dpsgd_norm", "algo.gamma=0.1"],
+    "fed_normec": ["algo=fed_normec", "p=0.5", "algo.local_steps=2"],
+    "dp_fed_normec": ["algo=dp_fed_normec", "p=0.5", "algo.local_steps=2", "privacy.amplification=true"],
+    "fedavg": ["algo=fedavg", "algo.participation=cohort", "algo.cohort_size=2"],
+    "dp_fedavg": ["algo=dp_fedavg", "algo.noise_by=server", "p=0.5"],
+    "normfedavg": ["algo=normfedavg", "algo.local_steps=2", "batch_size=16", "algo.cohort_size=3"],
+    "dp_normfedavg": ["algo=dp_normfedavg", "algo.local_steps=2", "batch_size=16", "algo.cohort_size=3"],
+    "nfa_binomial": ["algo=nfa_binomial", "algo.local_steps=2", "batch_size=16"],
+    "nfa_clip_tdl": ["algo=nfa_clip_tdl", "algo.local_steps=2", "batch_size=16", "privacy.epsilon=0.5"],
+    "nfa_fedavg": ["algo=nfa_fedavg", "algo.local_steps=2", "batch_size=16"],
+    "dpfl": ["algo=dpfl", "algo.tau=2", "algo.rc_override=18", *DPSGD],          # the budget ends it in round 9
+    "ali_dpfl": ["algo=ali_dpfl", "algo.rc_override=30", *DPSGD],                 # τ chosen from round to round
+}
+RESNET = ["model=resnet20", "clients=2", "dataset.train_limit=64", "batch_size=8", "rounds=8"]
+EVERY_MODEL = {                                 # each model family; BatchNorm with each family that allows it
+    "mlp-dp_normfedavg": ["model=mlp", "model.hidden=[32]", *EVERY_ALGO["dp_normfedavg"]],
+    "cnn-ali_dpfl": ["model=cnn", "model.hidden=32", *EVERY_ALGO["ali_dpfl"]],
+    "resnet20-normec": [*RESNET, "algo=normec"],
+    "resnet20-dp_fed_normec": [*RESNET, *EVERY_ALGO["dp_fed_normec"]],
+    "resnet20-dp_normfedavg": [*RESNET, *EVERY_ALGO["dp_normfedavg"][:-2], "algo.cohort_size=1"],
+    "resnet20_group-dpfl": [*RESNET, "model.norm=group", *EVERY_ALGO["dpfl"]],     # DP-SGD refuses BatchNorm
+}
+SPECIAL = {
+    # a Ctrl-C saves part-way through a pass (reading=pass: a round is a pass of steps): its steps so far carry over
+    "pass-ctrl_c": (["algo=dp_normec", "reading=pass", "batch_size=25", "rounds=3", "eval_every=1",
+                     "checkpoint_every=0", "privacy.calibration=accountant", "accountant=rdp"], 6),
+    # the canaries audited beside a run keep the scores they have seen
+    "audit-dp_normec": (["algo=dp_normec", "audit.canaries=50", "privacy.calibration=accountant", "accountant=pld"],
+                        None),
+}
+
+
+def compose_config(data_root, *overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        given = {o.split("=", 1)[0] for o in overrides}
+        small = [f"{k}={v}" for k, v in SMALL.items() if k not in given]
+        return compose("config", overrides=[*small, f"data_root={data_root}", *overrides])
+
+
+def trained(t, until_step=None):
+    """``t`` trained to its end, or until it has taken ``until_step`` steps."""
+    while t.active and (until_step is None or t.step < until_step):
+        t.record(*t.round(t.step, t.x, t.clients))
+    return t
+
+
+def ended(t) -> tuple:
+    summary = t.finish()
+    t.rundir.release()
+    return t, summary
+
+
+def same(a, b, where="") -> None:
+    """Equal to the bit: tensors, arrays, numbers, and containers and objects of them (by their attributes)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()), where
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), where
+    elif isinstance(a, np.random.Generator):
+        same(a.bit_generator.state, b.bit_generator.state, where)
+    elif isinstance(a, torch.Generator):
+        same(a.get_state(), b.get_state(), where)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (u, v) in enumerate(zip(a, b, strict=True)):
+            same(u, v, f"{where}[{i}]")
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        assert type(a) is type(b), where
+        same(vars(a), vars(b), where)
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), where
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+NOT_COMPARED = ("wall_time_s", "seconds_per_round", "peak_rss_mb",
+           "data_source")                       # says whether this run copied the offline data (the first does)
+
+
+def check_resumed_equals_whole(data_root, tmp_path, overrides, kill_at=None):
+    """Train ``overrides`` whole, and again stopped after ``kill_at`` steps (default: two rounds past its last
+    checkpoint, lost as in a kill; with checkpoint_every=0, a checkpoint saved right there, as Ctrl-C does)
+    and continued from a fresh build; compare everything. Returns the resumed run's summary."""
+    from normfl import checkpoint
+    from normfl.run import start
+
+    cfg = compose_config(data_root, *overrides)
+    whole, whole_summary = ended(trained(start(cfg, tmp_path / "whole")))
+    killed = tmp_path / "killed"
+    t = start(cfg, killed)
+    every = cfg.checkpoint_every
+    trained(t, kill_at if kill_at is not None else 6 * t.setup.steps_per_round)
+    if not every:
+        t.save()                                        # Ctrl-C: a checkpoint where it stands
+    saved_at = checkpoint.load(killed, t.key)["step"]
+    assert 0 < saved_at < whole.step and t.active, (saved_at, whole.step)
+    t.rundir.release()                                  # the process ends: what it did since the checkpoint is lost
+    t = start(cfg, killed)
+    assert t.step == saved_at
+    resumed, summary = ended(trained(t))
+    a, b = (pd.read_csv(d / "metrics.csv").drop(columns="wall_time") for d in (tmp_path / "whole", killed))
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    same(whole.x, resumed.x, "x")
+    same(whole.setup.flat.buffers(), resumed.setup.flat.buffers(), "buffers")
+    same(whole.algo.state_dict(), resumed.algo.state_dict(), "algo")
+    same(whole.clients.data.state_dict(), resumed.clients.data.state_dict(), "data")
+    if whole.audit is not None:                         # its bounds may be 0 either way at a few canaries: the scores
+        same((whole.audit.scores, whole.audit.steps), (resumed.audit.scores, resumed.audit.steps), "audit")
+    strip = lambda s: {k: v for k, v in s.items() if k not in NOT_COMPARED}   # noqa: E731
+    same(strip(whole_summary), strip(summary), "summary")
+    assert np.array_equal(np.load(tmp_path / "whole" / "params.npy"), np.load(killed / "params.npy"))
+    assert not (killed / "checkpoint.pt").exists()
+    return summary
+
+
+@pytest.mark.parametrize("case", [*EVERY_ALGO, *EVERY_MODEL])
+def test_a_run_resumed_in_process_ends_as_the_run_never_stopped(case, tmp_path, data_root):
+    overrides = EVERY_ALGO.get(case) or EVERY_MODEL[case]
+    summary = check_resumed_equals_whole(data_root, tmp_path, overrides)
+    if "resnet20" in case and "group" not in case:
+        assert summary["privacy"] is None or summary["privacy"]["not_covered"]     # BatchNorm: buffers were compared
+    if summary["algo"] in ("dpfl", "ali_dpfl"):       # the steps spent are the steps the rounds took, within budget
+        metrics = pd.read_csv(tmp_path / "killed" / "metrics.csv")
+        assert summary["privacy"]["steps_taken"] == metrics["steps_total"].iloc[-1] == metrics["tau"].sum()
+        assert metrics["steps_total"].iloc[-1] <= summary["privacy"]["R_c"]
+
+
+@pytest.mark.parametrize("case", SPECIAL)
+def test_a_run_resumed_mid_pass_or_audited_ends_as_the_run_never_stopped(case, tmp_path, data_root):
+    overrides, kill_at = SPECIAL[case]
+    summary = check_resumed_equals_whole(data_root, tmp_path, overrides, kill_at)
+    if case.startswith("audit"):
+        assert summary["audit"]["steps_observed"] == summary["steps"]
