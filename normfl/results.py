@@ -46,6 +46,14 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def last5_mean_test_acc(rows: list[dict]) -> float | None:
+    """NFA's table statistic: the mean test accuracy of a run's last five evaluations, the rows whose
+    ``test_acc`` is a finite number (all of them when there are fewer; a diverged round's NaN is none), or
+    None when there is none. A summary's ``last5_mean_test_acc``, which the report's tables read back."""
+    last5 = [r["test_acc"] for r in rows if _finite(r.get("test_acc"))][-5:]
+    return sum(last5) / len(last5) if last5 else None
+
+
 class Recorder:
     """Collects per-round rows; ``flush`` rewrites ``metrics.csv`` atomically."""
 
@@ -86,12 +94,11 @@ class Recorder:
         best = max(evals, key=lambda r: r["test_acc"], default=None)
         last = evals[-1] if evals and info.get("status") != "diverged" else None    # a diverged run has no final model
         losses = [r["train_loss"] for r in self.rows if r.get("train_loss") is not None]
-        last5 = [r["test_acc"] for r in evals[-5:]]
         info = {
             **info,
             "final_round": self.rows[-1]["round"] if self.rows else 0,
             "final_test_acc": last and last["test_acc"],
-            "last5_mean_test_acc": sum(last5) / len(last5) if last5 else None,   # NFA's table statistic
+            "last5_mean_test_acc": last5_mean_test_acc(self.rows),
             "final_test_loss": last and last["test_loss"],
             "best_test_acc": best and best["test_acc"],
             "best_round": best and best["round"],

@@ -24,6 +24,7 @@ from normfl.data import (
     normalize,
     sources,
 )
+from normfl.data.transforms import draw_crop_flip
 
 OFFLINE = Path(os.environ.get(sources.OFFLINE_ENV) or Path(__file__).parents[2] / "shared" / "data")
 
@@ -349,20 +350,51 @@ def test_augment_is_deterministic_and_shape_preserving():
     )
 
 
-def test_augment_flip_only_and_crop_window():
+def test_augment_flip_only_without_padding():
     x = torch.rand(200, 2, 5, 7)
     out = augment_crop_flip(x, torch.Generator().manual_seed(0), padding=0)
     same = (out == x).flatten(1).all(1)
     flipped = (out == x.flip(-1)).flatten(1).all(1)
     assert bool((same | flipped).all()) and 50 < int(flipped.sum()) < 150
-    # with padding, every output is a window of the zero-padded (possibly flipped) input
-    out = augment_crop_flip(x[:20], torch.Generator().manual_seed(1), padding=2)
-    padded = torch.nn.functional.pad(x[:20], (2, 2, 2, 2))
-    for i in range(20):
-        windows = [
-            p[:, t : t + 5, s : s + 7]
-            for p in (padded[i], padded[i].flip(-1))
-            for t in range(5)
-            for s in range(5)
-        ]
-        assert any(torch.equal(out[i], w) for w in windows)
+
+
+def crops_of(x: torch.Tensor, out: torch.Tensor, padding: int) -> torch.Tensor:
+    """[3, B] (top offset, left offset, flipped) of each output: which window of the zero-padded input it is,
+    flipped or not, read off two pixels (x[i, 0, r, c] = 1 + (i·H + r)·W + c, and rows and columns p, p + 1 of
+    a window of an input larger than 2p + 1 each way come from the input); then every output must be that
+    window, pixel for pixel."""
+    b, _, h, w = x.shape
+    assert h > 2 * padding + 1 and w > 2 * padding + 1 and torch.equal(x.flatten(), torch.arange(1, x.numel() + 1.0))
+    a, c = (out[:, 0, padding, padding + j].long() - 1 for j in (0, 1))
+    assert bool((a >= 0).all() and ((a // w) == (c // w)).all())            # from one row of the input
+    row, col, flip = a // w % h, a % w, (c % w < a % w).long()
+    found = torch.stack([row, col - flip * (w - 1 - 2 * padding), flip])      # top, left; a flip mirrors the window
+    padded = torch.nn.functional.pad(x, (padding,) * 4)
+    for dy, dx, f in found.unique(dim=1).T.tolist():
+        sel = ((found[0] == dy) & (found[1] == dx) & (found[2] == f)).nonzero().flatten()
+        window = padded[sel, :, dy:dy + h, dx:dx + w]
+        assert torch.equal(out[sel], window.flip(-1) if f else window), (dy, dx, f)
+    return found
+
+
+@pytest.mark.parametrize("padding", [1, 4])
+def test_augment_crops_every_offset_uniformly_and_flips_half(padding):
+    """RandomCrop(padding) takes each of the (2p+1)² offsets with equal chance and flips half of the crops,
+    independently: a biased crop (offsets from range(2p), or from one side only, top and left tied), a flip
+    always or never, or offsets applied to the other axis are caught. Each output's offset and flip are read
+    back exactly from inputs whose every pixel is distinct: all (2p+1)²·2 cells must occur, the counts pass a
+    chi-square test of uniformity at level 1e-6, the flips a 5-sigma bound, and the outputs are the draws of
+    draw_crop_flip (top for rows, left for columns) for the same generator, drawn in the order the runs use."""
+    k = 2 * padding + 1
+    b, h, w = 100 * 2 * k * k, k + 1, k + 2          # 100 expected per cell; every window holds input pixels
+    x = torch.arange(1, b * h * w + 1, dtype=torch.float32).view(b, 1, h, w)
+    out = augment_crop_flip(x, torch.Generator().manual_seed(0), padding=padding)
+    top, left, flip = crops_of(x, out, padding)
+    assert torch.equal(torch.stack([top, left, flip]), draw_crop_flip(b, torch.Generator().manual_seed(0), padding))
+    if padding == 4:                                   # the draws of the runs' CIFAR-10 augmentation, seed 0
+        assert (top[:4].tolist(), left[:4].tolist(), flip[:4].tolist()) == ([8, 0, 2, 6], [4, 2, 0, 5], [0, 0, 1, 1])
+    counts = torch.bincount((top * k + left) * 2 + flip, minlength=2 * k * k).double()
+    assert bool((counts > 0).all())
+    chi2 = float(((counts - 100) ** 2 / 100).sum())
+    assert chi2 < {1: 60.1, 4: 261.1}[padding], chi2   # chi-square isf(1e-6) for 2k²-1 = 17 and 161 degrees
+    assert abs(int(flip.sum()) - b / 2) < 5 * (b / 4) ** 0.5
