@@ -8,9 +8,11 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution
-from scipy.stats import norm
+from scipy.stats import beta, norm
 
+from normfl.privacy.audit import stats
 from normfl.privacy.audit.stats import (
+    bonferroni,
     curve_eps_lower,
     curve_refutes,
     eps_lower,
@@ -19,6 +21,8 @@ from normfl.privacy.audit.stats import (
     gdp_epsilon,
     mu_lower,
     rate_bounds,
+    rate_lower,
+    rate_upper,
 )
 
 DELTA = 1e-5
@@ -86,7 +90,7 @@ def test_the_gdp_route_shows_nothing_on_null_scores_where_an_abs_would_show_mu_2
                          for fpr, fnr in (error_upper_bounds(*never_inserted(1_000, seed), THRESHOLDS)
                                           for seed in seeds)])
     assert np.mean(got > 0) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / len(seeds))
-    assert np.median(got) == 0 and got.min() >= 0
+    assert np.median(got) == 0                        # nothing seen is 0, not a negative μ
     assert np.median(with_abs) > 1.5                  # 2.07 measured
 
 
@@ -121,6 +125,104 @@ def test_perfect_separation_gives_the_confidence_bounds_own_mu():
     assert hi == pytest.approx(1 - (alpha / (2 * len(THRESHOLDS))) ** (1 / n), rel=1e-9)
     assert got["fpr_hi"] == got["fnr_hi"] == hi
     assert got["mu_lower"] == pytest.approx(norm.isf(hi) - norm.ppf(hi), rel=1e-12)
+
+
+# ------------------------------------------------------------------ exact values at known counts
+# The expected bounds are Clopper-Pearson's from first principles (beta quantiles), each one-sided bound at the
+# failure probability the docstrings state: α / (4T) for eps_lower over T thresholds (two directions, a lower and
+# an upper bound each), α / (2T) for the error rates' upper bounds (error_upper_bounds, mu_lower, curve_eps_lower).
+
+
+def cp_lower(k: int, n: int, fail: float) -> float:
+    """The p at which P(Binomial(n, p) ≥ k) = fail (0 when k = 0)."""
+    return 0.0 if k == 0 else float(beta.ppf(fail, k, n - k + 1))
+
+
+def cp_upper(k: int, n: int, fail: float) -> float:
+    """The p at which P(Binomial(n, p) ≤ k) = fail (1 when k = n)."""
+    return 1.0 if k == n else float(beta.ppf(1 - fail, k + 1, n - k))
+
+
+# 40 "in" and 60 "out" scores on a grid; 10 "in" and 8 "out" scores equal the threshold 1.0 and are not above it
+KNOWN_IN = np.repeat([0.0, 1.0, 2.0, 3.0], [5, 10, 5, 20])
+KNOWN_OUT = np.repeat([0.0, 1.0, 3.0], [50, 8, 2])
+KNOWN_T = [0.5, 1.0, 2.5]
+ABOVE_IN, ABOVE_OUT = [35, 25, 20], [10, 2, 2]          # scores > t at each threshold, counted by hand
+
+
+def test_bonferroni_shares_alpha_and_the_one_sided_bounds_fail_with_their_share():
+    assert bonferroni(0.05, 1) == 0.05 and bonferroni(0.05, 4) == 0.0125 and bonferroni(0.01, 28) == 0.01 / 28
+    for k, n, fail in [(0, 40, 0.01), (3, 40, 0.01), (25, 40, 0.05 / 12), (40, 40, 0.05 / 12), (17, 60, 0.2)]:
+        assert rate_lower(k, n, fail) == pytest.approx(cp_lower(k, n, fail), rel=1e-9, abs=1e-15)
+        assert rate_upper(k, n, fail) == pytest.approx(cp_upper(k, n, fail), rel=1e-9)
+
+
+def known_tests(delta: float, fail: float) -> dict:
+    """ε of each test at the known counts: (threshold, "score > t") from TPR_lo and FPR_hi, (threshold,
+    "score ≤ t") from TNR_lo and FNR_hi, each rate bound failing with probability ``fail``."""
+    eps = {}
+    for t, tp, fp in zip(KNOWN_T, ABOVE_IN, ABOVE_OUT, strict=True):
+        eps[t, ">"] = math.log((cp_lower(tp, 40, fail) - delta) / cp_upper(fp, 60, fail))
+        eps[t, "≤"] = math.log((cp_lower(60 - fp, 60, fail) - delta) / cp_upper(40 - tp, 40, fail))
+    return eps
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01])
+@pytest.mark.parametrize("delta", [0.0, 0.02])
+def test_eps_lower_at_known_counts_is_the_best_of_the_2T_tests_each_bound_at_alpha_over_4T(alpha, delta):
+    expected = known_tests(delta, alpha / (4 * len(KNOWN_T)))
+    assert max(expected, key=expected.get) == (1.0, ">")
+    got = eps_lower(KNOWN_IN, KNOWN_OUT, delta, KNOWN_T, alpha)
+    assert got["eps_lower"] == pytest.approx(expected[1.0, ">"], rel=1e-9)
+    assert (got["threshold"], got["tpr"], got["fpr"]) == (1.0, 25 / 40, 2 / 60)
+
+
+def test_eps_lower_takes_the_reversed_test_when_score_at_or_below_t_tells_more():
+    """Every "in" score is 1, the "out" scores are 0 and 2: at t = 0.5 "score ≤ t" never calls an "in" canary
+    "out", while "score > t" calls half the "out" ones "in"; at t = 1.5 neither direction shows anything. The
+    rates reported stay the threshold's ("score > t")."""
+    s_in, s_out, delta, fail = np.full(40, 1.0), np.repeat([0.0, 2.0], 30), 0.02, 0.05 / 8    # α / (4 · 2)
+    reversed_ = math.log((cp_lower(30, 60, fail) - delta) / cp_upper(0, 40, fail))
+    forward = math.log((cp_lower(40, 40, fail) - delta) / cp_upper(30, 60, fail))
+    assert reversed_ > forward + 0.5
+    got = eps_lower(s_in, s_out, delta, [0.5, 1.5])
+    assert got["eps_lower"] == pytest.approx(reversed_, rel=1e-9)
+    assert (got["threshold"], got["tpr"], got["fpr"]) == (0.5, 1.0, 0.5)
+
+
+def known_error_bounds(alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    fail = alpha / (2 * len(KNOWN_T))
+    return (np.array([cp_upper(fp, 60, fail) for fp in ABOVE_OUT]),
+            np.array([cp_upper(40 - tp, 40, fail) for tp in ABOVE_IN]))
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01])
+def test_error_upper_bounds_at_known_counts_each_at_alpha_over_2T(alpha):
+    fpr_hi, fnr_hi = error_upper_bounds(KNOWN_IN, KNOWN_OUT, KNOWN_T, alpha)
+    expected_fpr, expected_fnr = known_error_bounds(alpha)
+    np.testing.assert_allclose(fpr_hi, expected_fpr, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(fnr_hi, expected_fnr, rtol=1e-9, atol=0)
+
+
+def test_mu_lower_at_known_counts_is_the_best_threshold_of_the_error_bounds():
+    fpr_hi, fnr_hi = known_error_bounds(0.05)
+    mu = norm.isf(fpr_hi) - norm.ppf(fnr_hi)
+    assert np.argmax(mu) == 0 and mu[0] > mu[1] + 0.1
+    got = mu_lower(KNOWN_IN, KNOWN_OUT, KNOWN_T)
+    assert got["threshold"] == 0.5 and got["mu_lower"] == pytest.approx(mu[0], rel=1e-9)
+    assert (got["fpr_hi"], got["fnr_hi"]) == (pytest.approx(fpr_hi[0], rel=1e-9), pytest.approx(fnr_hi[0], rel=1e-9))
+
+
+def test_curve_eps_lower_tests_the_error_bounds_at_alpha_over_2T(monkeypatch):
+    seen = []
+    def refutes_nothing(fpr_hi, fnr_hi, pld):
+        seen.append((fpr_hi, fnr_hi))
+        return False
+    monkeypatch.setattr(stats, "curve_refutes", refutes_nothing)
+    got = curve_eps_lower(KNOWN_IN, KNOWN_OUT, KNOWN_T, lambda z, pessimistic: None, DELTA, alpha=0.01)
+    assert got["eps_lower_curve"] == 0 and len(seen) == 1
+    for got_bounds, expected in zip(seen[0], known_error_bounds(0.01), strict=True):
+        np.testing.assert_allclose(got_bounds, expected, rtol=1e-9, atol=0)
 
 
 def test_the_curve_test_of_a_gaussian_pld_is_the_gdp_curve():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from normfl.privacy.audit import messages
 from normfl.privacy.audit.messages import (
     audit_binomial,
     audit_message,
@@ -88,6 +89,21 @@ def test_theorem1_delta_holds_in_one_dimension(s):
     assert r["delta_exact_pair"] == pytest.approx(r["delta_exact"], rel=1e-12)
     assert 0.2 < r["delta_lower"] <= r["delta_exact"] < 0.5
     assert r["eps_lower"] <= 0.3
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01])
+def test_the_verdicts_two_routes_each_hold_at_half_of_alpha(alpha, monkeypatch):
+    """δ_LB and ε_LB each hold with probability 1 - α/2, so the verdict is wrong with probability at most α."""
+    seen = []
+    def spy(route):
+        def call(*args):
+            seen.append((route.__name__, args[-1]))
+            return route(*args)
+        return call
+    monkeypatch.setattr(messages, "delta_lower", spy(messages.delta_lower))
+    monkeypatch.setattr(messages, "eps_lower", spy(messages.eps_lower))
+    r = audit_qtdl(1, 16, 0.3, n=500, seed=2, alpha=alpha)
+    assert sorted(seen) == [("delta_lower", alpha / 2), ("eps_lower", alpha / 2)] and r["confidence"] == 1 - alpha
 
 
 # ------------------------------------------------------------------------------------------------ T11: Binomial

@@ -218,3 +218,31 @@ def test_a_correct_privatizer_is_refuted_no_more_often_than_the_confidence_allow
             audit.observe(step)
         refuted += audit.result(eps, 1e-5)["verdict"] == "refutes the certificate"
     assert refuted <= 0.1 * seeds
+
+
+@pytest.mark.parametrize("who, p", [("client", 1.0), ("server", 0.5)])
+def test_each_score_kept_and_each_route_holds_at_its_share_of_alpha(who, p, monkeypatch):
+    """The verdict takes the largest of two routes (ε_LB and the curve's) for each score kept: each holds with
+    probability 1 - ALPHA / (2·scores kept), so the verdict holds with probability 1 - ALPHA. Client canaries
+    keep two scores and take the Gaussian-DP route, central ones with amplification one score and the PLD route."""
+    from normfl.privacy import Privacy
+
+    box = _Box(Privacy(epsilon=2, delta=1e-5, amplification=p < 1).gaussian(1.0, 1.0, 2, p, who), p)
+    audit = (canaries.ClientCanaries(box, 40, 16, 0, torch.device("cpu"), torch.float64) if who == "client"
+             else canaries.CentralCanaries(box, 40, 0, torch.device("cpu"), torch.float64))
+    for step in (1, 2):
+        audit.observe(step)
+    seen = []
+    def spy(route, result=None):
+        def call(*args):
+            seen.append((route.__name__, args[-1]))
+            return route(*args) if result is None else result
+        return call
+    monkeypatch.setattr(canaries, "eps_lower", spy(canaries.eps_lower))
+    monkeypatch.setattr(canaries, "mu_lower", spy(canaries.mu_lower))
+    monkeypatch.setattr(canaries, "curve_eps_lower", spy(canaries.curve_eps_lower, {"eps_lower_curve": 0.0}))
+    got = audit.result(2.0, 1e-5)
+    kept, curve = (("own", "paired"), "mu_lower") if who == "client" else (("own",), "curve_eps_lower")
+    assert audit.scores_kept == kept and got["confidence"] == 1 - canaries.ALPHA
+    assert sorted(seen) == sorted([("eps_lower", canaries.ALPHA / (2 * len(kept))),
+                                   (curve, canaries.ALPHA / (2 * len(kept)))] * len(kept))

@@ -50,7 +50,7 @@ from normfl.engine import clipping
 from normfl.errors import ConfigError
 from normfl.ops import AUDIT, Streams, round_generator, round_seed
 from normfl.privacy.accounting import GaussianRelease
-from normfl.privacy.audit.stats import curve_eps_lower, eps_lower, gdp_epsilon, mu_lower
+from normfl.privacy.audit.stats import bonferroni, curve_eps_lower, eps_lower, gdp_epsilon, mu_lower
 
 ALPHA = 0.05                   # the verdict holds with probability 1 - ALPHA: each of its two routes gets ALPHA / 2
 OVERSIZE = 1e6                 # a canary's raw update or gradient, far beyond any bound: Ψ and clipping must act
@@ -132,7 +132,7 @@ class Canaries:
         trade-off curve (Gaussian DP where the claim is exactly that, the accountant's PLD curve otherwise),
         and the verdict; each score kept and each route gets an equal share of ALPHA."""
         release, k = self.claimed(), self.steps
-        alpha = ALPHA / (2 * len(self.scores_kept))
+        alpha = bonferroni(ALPHA, 2 * len(self.scores_kept))      # two routes for each score kept
         inside, found = self.is_in.cpu().numpy(), []
         for kind, s in zip(self.scores_kept, self.scores.cpu().numpy(), strict=True):
             s_in, s_out, t = s[inside], s[~inside], self.thresholds(PAIRED_SHRINK if kind == "paired" else 1.0)

@@ -48,7 +48,7 @@ import torch
 from scipy.stats import binom
 
 from normfl.ops import AUDIT, round_generator
-from normfl.privacy.audit.stats import eps_lower, threshold_tests
+from normfl.privacy.audit.stats import bonferroni, eps_lower, threshold_tests
 from normfl.privacy.qtdl import (
     QTDL,
     Binomial,
@@ -220,8 +220,9 @@ def audit_message(mech, u: torch.Tensor, u_prime: torch.Tensor, n: int, seed: in
     s_u = _draw_scores(mech, u64, q, q_prime, n, seed, 0)
     s_v = _draw_scores(mech, v64, q, q_prime, n, seed, 1)
     ts = thresholds(eps0)
-    found_delta = delta_lower(s_u, s_v, eps0, ts, alpha / 2)
-    found_eps = eps_lower(s_u, s_v, delta0, ts, alpha / 2)
+    each = bonferroni(alpha, 2)                       # two routes to a refutation: δ_LB and ε_LB
+    found_delta = delta_lower(s_u, s_v, eps0, ts, each)
+    found_eps = eps_lower(s_u, s_v, delta0, ts, each)
     refutes = found_delta["delta_lower"] > delta0 or found_eps["eps_lower"] > eps0
     result = {
         "mechanism": mech.name, "d": d, "s": mech.s, "m": mech.m, "alpha_tdl": mech.alpha, "trials": mech.trials,

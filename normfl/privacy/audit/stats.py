@@ -12,8 +12,10 @@ so exact (Clopper-Pearson) confidence bounds on the rates give, with confidence 
 
     ε ≥ max( log((TPR_lo - δ) / FPR_hi), log((TNR_lo - δ) / FNR_hi) ),
 
-an assumption-free lower bound. The failure probability α is split over the two directions and over the
-thresholds tried (Bonferroni), so trying several thresholds is paid for. Statistics from scipy.
+an assumption-free lower bound. The failure probability α is shared (``bonferroni``) by every one-sided
+bound used: a lower bound on the hit rate and an upper bound on the miss rate, in each of the two directions, at
+each of the T thresholds tried, so each of these 4T bounds fails with probability at most α / (4T) and trying
+several thresholds is paid for. Statistics from scipy.
 
 Three bounds, three assumptions:
 
@@ -38,8 +40,8 @@ Three bounds, three assumptions:
   the least private member still refuted; the ε reported is that member's, and it bounds the mechanism's
   ε from below only if the mechanism is in that family.
 
-Both curve tests use, at each threshold, two one-sided Clopper-Pearson upper bounds (on FPR and FNR) and
-share α over all of them.
+Both curve tests use, at each of the T thresholds, two one-sided Clopper-Pearson upper bounds (on FPR and FNR),
+each failing with probability at most α / (2T).
 """
 
 from __future__ import annotations
@@ -54,10 +56,29 @@ from scipy.optimize import brentq
 from scipy.stats import binomtest, norm
 
 
+def bonferroni(alpha: float, bounds: int) -> float:
+    """The failure probability each of ``bounds`` statements (one-sided bounds, or bounds made of them) may have
+    for all of them to hold together with probability at least 1 - α, whatever their dependence: α / ``bounds``
+    (the probability that one of them fails is at most the sum of theirs)."""
+    return alpha / bounds
+
+
 def rate_bounds(hits: int, trials: int, alpha: float) -> tuple[float, float]:
     """Exact (Clopper-Pearson) bounds on a rate from ``hits`` of ``trials``: each side holds with probability at
     least 1 - α/2."""
     return _clopper_pearson(int(hits), int(trials), float(alpha))
+
+
+def rate_lower(hits: int, trials: int, fail: float) -> float:
+    """The exact lower bound on a rate from ``hits`` of ``trials``, below the rate with probability at least
+    1 - ``fail`` (the lower end of ``rate_bounds`` at level 2·fail)."""
+    return rate_bounds(hits, trials, 2 * fail)[0]
+
+
+def rate_upper(hits: int, trials: int, fail: float) -> float:
+    """The exact upper bound on a rate from ``hits`` of ``trials``, above the rate with probability at least
+    1 - ``fail`` (the upper end of ``rate_bounds`` at level 2·fail)."""
+    return rate_bounds(hits, trials, 2 * fail)[1]
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -85,18 +106,19 @@ class Test(NamedTuple):
 def threshold_tests(scores_in: Sequence[float], scores_out: Sequence[float], thresholds: Sequence[float],
                     alpha: float = 0.05):
     """The two ``Test``s of each threshold, their bounds holding all together with probability at least 1 - α
-    (Bonferroni over the two one-sided bounds of every test)."""
+    (each of the 4·len(thresholds) one-sided bounds fails with probability at most α / (4·len(thresholds)))."""
     s_in, s_out = np.asarray(scores_in, dtype=float), np.asarray(scores_out, dtype=float)
     if not len(s_in) or not len(s_out):
         raise ValueError("an audit needs canaries in and canaries out")
-    tests = 2 * len(thresholds)       # two directions a threshold, two one-sided bounds each: α shared (Bonferroni)
+    if not len(thresholds):
+        return                        # no threshold, no test
+    fail = bonferroni(alpha, 4 * len(thresholds))     # two directions a threshold, a lower and an upper bound each
     for t in thresholds:
         tp, fp = int((s_in > t).sum()), int((s_out > t).sum())
         for forward, hits, n_hits, misses, n_misses in ((True, tp, len(s_in), fp, len(s_out)),       # TPR vs FPR
                                                         (False, len(s_out) - fp, len(s_out), len(s_in) - tp,
                                                          len(s_in))):                                  # TNR vs FNR
-            lo, _ = rate_bounds(hits, n_hits, alpha / tests)
-            _, hi = rate_bounds(misses, n_misses, alpha / tests)
+            lo, hi = rate_lower(hits, n_hits, fail), rate_upper(misses, n_misses, fail)
             yield Test(float(t), forward, hits, n_hits, misses, n_misses, lo, hi)
 
 
@@ -127,9 +149,9 @@ def error_upper_bounds(scores_in: Sequence[float], scores_out: Sequence[float], 
     t = np.asarray(thresholds, dtype=float)
     fp = len(s_out) - np.searchsorted(s_out, t, side="right")      # out scores above t: guessed "in"
     fn = np.searchsorted(s_in, t, side="right")                    # in scores at or below t: guessed "out"
-    each = alpha / len(t)             # rate_bounds' upper side fails with probability each / 2 = α / (2·len)
-    fpr_hi = np.array([rate_bounds(k, len(s_out), each)[1] for k in fp])
-    fnr_hi = np.array([rate_bounds(k, len(s_in), each)[1] for k in fn])
+    fail = bonferroni(alpha, 2 * len(t))              # two upper bounds a threshold
+    fpr_hi = np.array([rate_upper(k, len(s_out), fail) for k in fp])
+    fnr_hi = np.array([rate_upper(k, len(s_in), fail) for k in fn])
     return fpr_hi, fnr_hi
 
 
