@@ -1,16 +1,27 @@
-"""ALI-DPFL and fixed-τ DPFL: budgets, rounds, aggregation and the τ* loop, on stand-in clients."""
+"""ALI-DPFL and fixed-τ DPFL: budgets, rounds, aggregation and the τ* loop, on stand-in clients; and what a run
+of each says of its ε and of the rounds that admit no τ."""
 
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 
 from normfl.algorithms import DPFL
+from normfl.collect import collect
 from normfl.config import ConfigError, validate
 from normfl.ops import round_generator
 from normfl.privacy import Privacy
 from normfl.privacy.sgm import paper_epsilon
+from tests.test_collect import rows
 from tests.test_config import cfg_with
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Clients:
@@ -144,3 +155,56 @@ def test_a_fixed_tau_run_accepts_the_tau_rule_unread_and_its_key_leaves_it_out()
         cfg = cfg_with("experiment=alidpfl_authors_code", algo)
         validate(cfg)
         assert cfg.algo.tau_rule == "closed_form_code"
+
+
+def test_an_adaptive_tau_makes_the_epsilon_a_claim_and_fixed_tau_a_certificate():
+    """ALI-DPFL under Condition II (R_s < R_c) picks τ from un-noised estimates: its ε is a claim. Fixed τ, and
+    Condition I (τ* ≡ 1, nothing estimated), release the DP-SGD steps only."""
+    for algo, rounds in ((DPFL(tau=2, sigma=1.1), 40), (DPFL(adaptive=True, sigma=1.1), 200)):      # R_c = 79
+        run(algo, rounds, 1.55)
+        assert algo.not_certified() == []
+    algo = DPFL(adaptive=True, sigma=1.1)
+    run(algo, 40, 1.55)
+    assert len(algo.not_certified()) == 1 and "without noise" in algo.not_certified()[0]
+
+
+def test_a_tau_that_cannot_be_chosen_is_one_warning_at_the_end_and_its_rounds_only_at_debug(caplog):
+    """η·β̂ = 3 (the stand-in clients' β̂ is 1) puts φ < 0, so no τ is feasible after any round: one warning
+    when the run ends, with the count; the estimates, computed without noise, only at DEBUG."""
+    caplog.set_level(logging.INFO)
+    algo = DPFL(adaptive=True, sigma=1.1, lr=3.0)
+    _, infos, _ = run(algo, 40, 1.55)
+    said = [r for r in caplog.records if r.name == "normfl.algorithms.alidpfl"]
+    assert len(infos) == 40 and {i["tau"] for i in infos} == {1}
+    assert algo.privacy_extra(40)["tau_infeasible_rounds"] == 40
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and "in 40 of the 40 rounds" in said[0].message
+    assert "When τ* cannot be chosen" in said[0].message and "rho=" not in caplog.text
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="normfl.algorithms.alidpfl")
+    run(DPFL(adaptive=True, sigma=1.1, lr=3.0), 40, 1.55)
+    assert [r.levelno for r in caplog.records].count(logging.DEBUG) == 40 and "rho=" in caplog.text
+
+
+def test_an_ali_dpfl_run_says_claimed_everywhere_and_a_fixed_tau_run_certified(tmp_path, data_root):
+    """The closing line, the sweep's table and ``collect``: ALI-DPFL's ε is claimed, fixed-τ DPFL's certified; the
+    τ warning comes once, and no estimate reaches the console."""
+    out = subprocess.run([sys.executable, "train.py", "-m", "experiment=alidpfl_fmnist", "model=logreg",
+                          "dataset.train_limit=2000", "dataset.test_limit=200", "rounds=4", "algo.rc_override=30",
+                          "algo.lr=2", "eval_every=4", "progress=false", "device=cpu", "threads=1",
+                          f"data_root={data_root}", "algo=dpfl,ali_dpfl", f"hydra.sweep.dir={tmp_path}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = out.stdout + out.stderr
+    job = {s["algo"]: (d, s["privacy"]) for d in tmp_path.iterdir() if (d / "summary.json").is_file()
+           for s in [json.loads((d / "summary.json").read_text())]}
+    why = job["ali_dpfl"][1]["not_certified"]
+    assert len(why) == 1 and "ALI-DPFL chooses each round's τ from estimates" in why[0]
+    assert "not_certified" not in job["dpfl"][1] and job["ali_dpfl"][1]["tau_infeasible_rounds"] == 4
+    assert f"claimed (pld); not a certificate: {why[0]} | {job['ali_dpfl'][0]}" in out.stdout
+    assert f"certified (pld) | {job['dpfl'][0]}" in out.stdout
+    assert said.count("no τ could be chosen") == 1 and "in 4 of the 4 rounds that chose τ*" in said
+    assert "rho=" not in said and "Estimates(" not in said
+    table = {r["algo.name"]: r for r in rows((tmp_path / "jobs.md").read_text())}
+    assert table["ali_dpfl"]["ε (certified)"] == "–" and float(table["dpfl"]["ε (certified)"]) > 0
+    eps = collect(tmp_path, keys=("algo.name",)).set_index("algo.name").epsilon
+    assert pd.isna(eps["ali_dpfl"]) and eps["dpfl"] > 0

@@ -41,6 +41,20 @@ def test_the_committed_records_are_small_and_true_to_their_keys():
         assert summary["config_key"] == d.name and summary["status"] in ("completed", "diverged")
 
 
+def test_an_ali_dpfl_record_is_the_same_run_as_one_that_now_reports_a_claim():
+    """ALI-DPFL records with R_s < R_c were made before their runs said ``privacy.not_certified`` and counted
+    ``privacy.tau_infeasible_rounds``: fields added to the block since are not compared, by packing or verify."""
+    committed = sorted((jobs.ROOT / "outputs" / "records").glob("ali_dpfl-*"))
+    rec = next(d for d in committed if (p := json.loads((d / "summary.json").read_text())["privacy"])["R_s"] < p["R_c"])
+    files = records.contents(rec)
+    s = json.loads(files["summary.json"])
+    assert "not_certified" not in s["privacy"]
+    now = {**s, "privacy": {**s["privacy"], "not_certified": ["ALI-DPFL chooses each round's τ ..."],
+                            "tau_infeasible_rounds": 7}}
+    fresh = {**files, "summary.json": json.dumps(now).encode()}
+    assert records.differences(files, fresh) == [] and verify.identical(verify.compare(files, fresh))
+
+
 def job(data_root, *extra) -> Job:
     overrides = ["algo=normec", "dataset=fashion_mnist", "dataset.train_limit=200", "dataset.test_limit=100",
                  "model=logreg", "clients=2", "eval_every=500", "checkpoint_every=0", f"data_root={data_root}",

@@ -20,7 +20,8 @@ client's privacy spent. A run stops after R_s rounds or when the budget is used 
 - ALI-DPFL (``adaptive=true``, Alg. 2): round k takes τ_k = min(τ*, R_c - T_used) steps, and after
   aggregating the server picks the next τ* (line 19, ``tau.TauSelector``) from the estimates of
   lines 4, 17 and 18, which the clients compute on their last batch of the round (reading C-A5). Those
-  estimates use the clients' data without noise and are not accounted for, as in the paper.
+  estimates use the clients' data without noise and are not accounted for, as in the paper, so such a run's ε
+  is a claim (``not_certified``). Under Condition I (R_s ≥ R_c) τ* ≡ 1 and nothing is estimated.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ class DPFL(Algorithm):
         if self.selector is not None and self.selector.adaptive and self.used < self.R_c:   # Condition I: τ* ≡ 1
             self.tau_next = self._select(W, x_new, last, before, clients, k + 1)     # 17-19
         done = self.used >= self.R_c if self.adaptive else self.R_c - self.used < self.tau
+        if (done or k + 1 == self.R_s) and self.selector is not None and self.selector.infeasible_rounds:
+            log.warning("no τ could be chosen from the estimates in %d of the %d rounds that chose τ*, where τ* "
+                        "stayed as it was (see \"When τ* cannot be chosen\" in docs/algorithms.md; "
+                        "hydra.verbose=%s logs each such round)", self.selector.infeasible_rounds,
+                        len(self.selector.history), __name__)
         return x_new, {"loss": self.weights @ loss, "uploads": self.num_clients, "tau": tau,
                        "steps_total": self.used, "done": done}
 
@@ -119,9 +125,8 @@ class DPFL(Algorithm):
                                      g_new, l_new.tolist())
         before = self.selector.infeasible_rounds
         tau = self.selector.update(est, rounds_done, self.used)
-        if self.selector.infeasible_rounds > before:
-            log.warning("round %d: no τ could be chosen from the estimates (%s); τ* stays %d",
-                        rounds_done, est, tau)
+        if self.selector.infeasible_rounds > before:      # the un-noised estimates: only when asked (DEBUG)
+            log.debug("round %d: no τ could be chosen from the estimates (%s); τ* stays %d", rounds_done, est, tau)
         return tau
 
     # -- privacy: every client has taken T_used DP-SGD steps ----------------------------------
@@ -141,10 +146,21 @@ class DPFL(Algorithm):
         text += "" if self.divisor is not None else f" (std_in_update: at the smallest, B_i = {float(b.min()):g})"
         return text, 1 / float(b.min())
 
+    def not_certified(self) -> list[str]:
+        """ALI-DPFL under Condition II (R_s < R_c) chooses each τ from estimates on the clients' data without
+        noise, which no accountant charges; fixed τ and Condition I (τ* ≡ 1, nothing estimated) release the
+        DP-SGD steps only."""
+        why = super().not_certified()
+        if self.adaptive and self.R_s < self.R_c:
+            why.append("ALI-DPFL chooses each round's τ from estimates computed on the clients' data without noise "
+                       "(ALI Algorithm 2, lines 17-19), which the accountant of the DP-SGD steps does not charge")
+        return why
+
     def privacy_extra(self, steps: int) -> dict:
         return {
             "R_c": self.R_c, "R_c_method": "override" if self.rc_override is not None else self.rc_method,
             "R_s": self.R_s, "steps_taken": self.used,
+            **({"tau_infeasible_rounds": self.selector.infeasible_rounds} if self.selector is not None else {}),
             "assumptions": "the paper's accountant (integer-order RDP of the sampled Gaussian, Mironov's "
                            "conversion) stops each client; dp-accounting's RDP and PLD under add/remove-one "
                            "are reported beside it. ALI-DPFL's estimates of ρ, β, ξ use the clients' data "
