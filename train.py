@@ -29,8 +29,9 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    from normfl.run.cli import hydra_errors
+    from normfl.run.cli import home_quoted, hydra_errors
 
+    sys.argv[1:] = home_quoted(sys.argv[1:])       # ~/... as a shell passes it, quoted for Hydra's grammar
     try:
         with hydra_errors(sys.argv[1:]):
             main()

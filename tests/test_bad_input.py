@@ -98,6 +98,8 @@ CONFIG = [
     ("npz without path", ["dataset=npz"], "dataset.path='???'; allowed: the path of an .npz file"),
     ("npz not there", ["dataset=npz", "dataset.path=no-such.npz"],
      "dataset.path='no-such.npz'; allowed: an existing .npz file (relative to the working directory, "),
+    ("npz not at home", ["dataset=npz", "dataset.path='~/no-such.npz'"],       # ~ expanded, as the checks read it
+     f"dataset.path='{Path.home()}/no-such.npz'; allowed: an existing .npz file\n"),
     ("hidden width", ["model=mlp", "model.hidden=[0]"], "model.hidden=[0]; allowed: a list of integers >= 1 with "
      "model=mlp"),
     ("hidden width not a list", ["model=mlp", "model.hidden=300"], "model.hidden=300; allowed: a list of integers"),

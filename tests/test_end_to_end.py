@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 FMNIST = ["dataset=fashion_mnist", "model=logreg", "clients=4", "rounds=6", "eval_every=2",
@@ -133,6 +135,31 @@ def test_ali_dpfl_run_logs_tau_and_stops_at_the_privacy_budget(tmp_path, data_ro
     assert (m["eps_paper"].diff().iloc[1:] > 0).all() and (m["eps_pld"] <= m["eps_paper"]).all()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["privacy"]["R_c"] == 6
+
+
+def test_paths_typed_with_a_tilde_are_read_from_home(tmp_path):
+    """``~`` in dataset.path and in data_root is the home directory, for the checks as for the loaders, typed as a
+    shell passes it (``dataset.path='~/x.npz'`` or unquoted: ``dataset.path`` is no shell variable, so the shell
+    leaves the ``~``, which Hydra's grammar refuses unquoted) or quoted for Hydra; the recorded config keeps the
+    path as typed."""
+    home = tmp_path / "home"
+    home.mkdir()
+    r = np.random.default_rng(0)
+    x, y = r.random((120, 1, 8, 8)).astype(np.float32), r.integers(0, 3, 120)
+    np.savez(home / "x.npz", x=x, y=y, x_test=x[:30], y_test=y[:30], client=np.arange(120) % 3)
+
+    def train_at_home(*overrides):
+        out = subprocess.run([sys.executable, str(REPO / "train.py"), "model=logreg", "rounds=1", "progress=false",
+                              *overrides], cwd=REPO, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "HOME": str(home)})
+        assert out.returncode == 0, out.stderr[-3000:]
+
+    train_at_home("dataset=npz", "dataset.path=~/x.npz", "partition=natural", f"hydra.run.dir={tmp_path / 'npz'}")
+    recorded = OmegaConf.load(tmp_path / "npz" / ".hydra" / "config.yaml")
+    assert recorded.dataset.path == "~/x.npz" and recorded.clients == 3        # partition=natural read the file
+    train_at_home("dataset=fashion_mnist", "dataset.train_limit=500", "dataset.test_limit=100", "clients=2",
+                  "data_root='~/data'", f"hydra.run.dir={tmp_path / 'fmnist'}")
+    assert (home / "data" / "FashionMNIST" / "raw").is_dir() and not (REPO / "~").exists()
 
 
 def test_collect_gathers_a_sweep_into_one_table(tmp_path, data_root):

@@ -51,7 +51,7 @@ def resolve_clients(cfg: DictConfig) -> None:
     if not _natural(cfg) or not isinstance(ds, DictConfig) or "path" not in ds or OmegaConf.is_missing(ds, "path"):
         return
     path, split, limit = ds.path, ds.get("split", "standard"), ds.get("train_limit")
-    if not isinstance(path, str) or not Path(path).is_file():
+    if not isinstance(path, str) or not Path(path := os.path.expanduser(path)).is_file():
         return
     if split in ("pooled", "per_client"):
         raise ConfigError("dataset.split", split, "standard or holdout with partition=natural (test samples have "
@@ -216,15 +216,15 @@ def validate(cfg: DictConfig) -> None:
 
     if get(cfg, "dataset._target_") == "normfl.data.load_npz" and OmegaConf.is_missing(cfg.dataset, "path"):
         raise ConfigError("dataset.path", "???", "the path of an .npz file: dataset=npz dataset.path=FILE")
-    if get(cfg, "dataset.path") is not None and not Path(cfg.dataset.path).is_file():
-        where = "" if Path(cfg.dataset.path).is_absolute() else f" (relative to the working directory, {Path.cwd()})"
-        raise ConfigError("dataset.path", cfg.dataset.path, f"an existing .npz file{where}")
+    if get(cfg, "dataset.path") is not None and not Path(path := os.path.expanduser(cfg.dataset.path)).is_file():
+        where = "" if Path(path).is_absolute() else f" (relative to the working directory, {Path.cwd()})"
+        raise ConfigError("dataset.path", path, f"an existing .npz file{where}")
     for key in ("data_root", "offline_data"):
         if not isinstance(v := get(cfg, key), str) or not v:
             raise ConfigError(key, v, "a directory's path (data_root: torchvision's data and the caches; offline_data: "
                               "the offline copies)")
     env = os.environ.get("NORMFL_OFFLINE_DATA")
-    if env and not Path(env).is_dir():
+    if env and not Path(env := os.path.expanduser(env)).is_dir():
         raise ConfigError("offline_data (from $NORMFL_OFFLINE_DATA)", env, "an existing directory")
     if (get(cfg, "partition._target_") or "").endswith("natural") and get(cfg, "dataset.path") is None:
         raise ConfigError("partition", "natural", "only with dataset=npz carrying a `client` array")

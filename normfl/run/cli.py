@@ -38,6 +38,21 @@ STOP = "stop"                                  # in OUTCOMES once a sweep is ask
 SWEEP_PID = "NORMFL_SWEEP_PID"                 # a joblib sweep's own process, so its workers know they are not it
 
 
+HOME_PATHS = re.compile(r"([^=\s'\"]+)=((?:[^,=\s'\"\[\]{}()]+,)*~[^=\s'\"\[\]{}()]*)")
+
+
+def home_quoted(argv: list[str]) -> list[str]:
+    """The overrides with each plain value that starts with ``~`` quoted for Hydra: ``dataset.path=~/x.npz``
+    (what a shell passes for ``dataset.path='~/x.npz'``, and for it unquoted: ``dataset.path`` is no shell variable)
+    becomes ``dataset.path='~/x.npz'``, which Hydra's grammar takes as the string; normfl expands ``~`` where it
+    reads a path. A sweep's comma list is quoted value by value; anything else is left to Hydra."""
+    def quoted(arg: str) -> str:
+        if not (m := HOME_PATHS.fullmatch(arg)):
+            return arg
+        return f"{m[1]}=" + ",".join(f"'{v}'" if v.startswith("~") else v for v in m[2].split(","))
+    return [quoted(a) for a in argv]
+
+
 @contextlib.contextmanager
 def hydra_errors(argv: list[str]):
     """Hydra's errors as Hydra prints them, save one: a key that exists nowhere (``rouns=3``), which Hydra answers

@@ -39,7 +39,7 @@ def build_data(cfg: DictConfig):
         ds = instantiate(ds_cfg)
     except InstantiationException as err:  # e.g. a split the data cannot give
         cause = err.__cause__
-        root, failed = Path(cfg.data_root).resolve(), getattr(cause, "filename", None)
+        root, failed = Path(cfg.data_root).expanduser().resolve(), getattr(cause, "filename", None)
         if (isinstance(cause, OSError) and not isinstance(cause, DataNotFoundError) and failed
                 and (Path(failed).is_relative_to(root) or root.is_relative_to(failed))):   # making or writing it
             raise ConfigError("data_root", cfg.data_root, f"a directory normfl can make and write, where torchvision's "
