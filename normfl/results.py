@@ -108,8 +108,22 @@ class Recorder:
         write_atomic(self.out_dir / "summary.json", json.dumps(info, indent=2, default=str, allow_nan=False) + "\n")
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in info.items() if isinstance(v, (int, float, str))})
+            self.wandb.summary.update(epsilon_label(info.get("privacy")))
             self.wandb.finish()
         return info
+
+
+def epsilon_label(privacy: dict | None) -> dict:
+    """The ε a private run reports, named for what it is (W&B's run summary, which takes scalars only):
+    ``epsilon_certified``, or ``epsilon_claimed`` with ``epsilon_not_certified`` saying why it is no certificate
+    (``privacy.not_certified``); nothing for a run without privacy or without an ε."""
+    from normfl.privacy import certified
+
+    eps = certified(privacy)[0] if privacy else None
+    if eps is None or not math.isfinite(eps):
+        return {}
+    why = privacy.get("not_certified")
+    return {"epsilon_claimed": eps, "epsilon_not_certified": "; ".join(why)} if why else {"epsilon_certified": eps}
 
 
 def finished(out_dir: Path, key: str) -> dict | None:

@@ -208,3 +208,31 @@ def test_an_ali_dpfl_run_says_claimed_everywhere_and_a_fixed_tau_run_certified(t
     assert table["ali_dpfl"]["ε (certified)"] == "–" and float(table["dpfl"]["ε (certified)"]) > 0
     eps = collect(tmp_path, keys=("algo.name",)).set_index("algo.name").epsilon
     assert pd.isna(eps["ali_dpfl"]) and eps["dpfl"] > 0
+
+
+def test_wandb_names_the_epsilon_a_claim_or_a_certificate(tmp_path):
+    """W&B's run summary takes a summary's scalars only, so the privacy block (with ``not_certified``) never
+    reached it: a claimed ε is ``epsilon_claimed`` beside the reason, a certified one ``epsilon_certified``."""
+    from normfl.results import Recorder
+
+    class Run:                                              # what the Recorder uses of a wandb run
+        def __init__(self):
+            self.summary = {}
+
+        def log(self, *a, **k):
+            pass
+
+        def finish(self):
+            pass
+
+    block = {"epsilon_pld": 1.005, "epsilon_rdp": 1.2, "target_epsilon": 2}
+    why = ["ALI-DPFL chooses each round's τ from estimates computed on the clients' data without noise"]
+    claimed = {"epsilon_claimed": 1.005, "epsilon_not_certified": why[0]}
+    for privacy, want in ((block, {"epsilon_certified": 1.005}), ({**block, "not_certified": why}, claimed),
+                          (None, {})):
+        rec = Recorder(tmp_path)
+        rec.wandb = Run()
+        rec.add({"round": 0, "test_acc": 0.5, "test_loss": 1.0})
+        rec.summary({"status": "completed", "privacy": privacy})
+        got = {k: v for k, v in rec.wandb.summary.items() if k.startswith("epsilon")}
+        assert got == want
