@@ -236,3 +236,21 @@ def test_wandb_names_the_epsilon_a_claim_or_a_certificate(tmp_path):
         rec.summary({"status": "completed", "privacy": privacy})
         got = {k: v for k, v in rec.wandb.summary.items() if k.startswith("epsilon")}
         assert got == want
+
+
+@pytest.mark.parametrize("algo, shown", [("ali_dpfl", False), ("dp_normec", False), ("normec", True)])
+def test_the_progress_bar_shows_no_train_loss_of_a_private_run(algo, shown, tmp_path, data_root, capfd):
+    """The train loss is the clients' loss on their own data, without noise: a private run's progress bar shows
+    the test accuracy alone (the loss stays in metrics.csv, privacy.md says so); a run without privacy, both."""
+    from hydra import compose, initialize_config_dir
+
+    from normfl.run import run
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            f"algo={algo}", "dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400", "clients=4",
+            "dataset.test_limit=100", "rounds=3", "progress=true", f"data_root={data_root}",
+            *(["algo.rc_override=6", "algo.sample_rate=0.1"] if algo == "ali_dpfl" else [])])
+    run(cfg, tmp_path / "run")
+    bar = capfd.readouterr().err
+    assert "acc=" in bar and ("loss=" in bar) is shown

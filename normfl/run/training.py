@@ -172,9 +172,10 @@ class Training:
         save = self.active and cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0
         if not (evaluate or save or last) or not self.read():
             return
-        if evaluate:
-            self.bar.set_postfix(loss=f"{row['train_loss']:.3f}" if row["train_loss"] is not None else "-",
-                                 acc=f"{row['test_acc']:.3f}")
+        if evaluate:                 # a private run's train loss, of the clients' data without noise: metrics.csv only
+            loss = {} if self.algo.private else \
+                {"loss": f"{row['train_loss']:.3f}" if row["train_loss"] is not None else "-"}
+            self.bar.set_postfix(**loss, acc=f"{row['test_acc']:.3f}")
             self.rec.flush()
         if save:
             self.save()
