@@ -29,9 +29,9 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    from normfl.run.cli import home_quoted, hydra_errors
+    from normfl.run.cli import home_paths, hydra_errors
 
-    sys.argv[1:] = home_quoted(sys.argv[1:])       # ~/... as a shell passes it, quoted for Hydra's grammar
+    sys.argv[1:] = home_paths(sys.argv[1:])        # ~/... as a shell passes it, made readable to Hydra
     try:
         with hydra_errors(sys.argv[1:]):
             main()

@@ -141,7 +141,7 @@ def test_paths_typed_with_a_tilde_are_read_from_home(tmp_path):
     """``~`` in dataset.path and in data_root is the home directory, for the checks as for the loaders, typed as a
     shell passes it (``dataset.path='~/x.npz'`` or unquoted: ``dataset.path`` is no shell variable, so the shell
     leaves the ``~``, which Hydra's grammar refuses unquoted) or quoted for Hydra; the recorded config keeps the
-    path as typed."""
+    path as typed (hydra.run.dir, which Hydra would take literally, is expanded before Hydra reads it)."""
     home = tmp_path / "home"
     home.mkdir()
     r = np.random.default_rng(0)
@@ -154,8 +154,8 @@ def test_paths_typed_with_a_tilde_are_read_from_home(tmp_path):
                              env={**os.environ, "HOME": str(home)})
         assert out.returncode == 0, out.stderr[-3000:]
 
-    train_at_home("dataset=npz", "dataset.path=~/x.npz", "partition=natural", f"hydra.run.dir={tmp_path / 'npz'}")
-    recorded = OmegaConf.load(tmp_path / "npz" / ".hydra" / "config.yaml")
+    train_at_home("dataset=npz", "dataset.path=~/x.npz", "partition=natural", "hydra.run.dir=~/npz")   # Hydra's key too
+    recorded = OmegaConf.load(home / "npz" / ".hydra" / "config.yaml")
     assert recorded.dataset.path == "~/x.npz" and recorded.clients == 3        # partition=natural read the file
     train_at_home("dataset=fashion_mnist", "dataset.train_limit=500", "dataset.test_limit=100", "clients=2",
                   "data_root='~/data'", f"hydra.run.dir={tmp_path / 'fmnist'}")

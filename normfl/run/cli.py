@@ -41,16 +41,20 @@ SWEEP_PID = "NORMFL_SWEEP_PID"                 # a joblib sweep's own process, s
 HOME_PATHS = re.compile(r"([^=\s'\"]+)=((?:[^,=\s'\"\[\]{}()]+,)*~[^=\s'\"\[\]{}()]*)")
 
 
-def home_quoted(argv: list[str]) -> list[str]:
-    """The overrides with each plain value that starts with ``~`` quoted for Hydra: ``dataset.path=~/x.npz``
-    (what a shell passes for ``dataset.path='~/x.npz'``, and for it unquoted: ``dataset.path`` is no shell variable)
-    becomes ``dataset.path='~/x.npz'``, which Hydra's grammar takes as the string; normfl expands ``~`` where it
-    reads a path. A sweep's comma list is quoted value by value; anything else is left to Hydra."""
-    def quoted(arg: str) -> str:
+def home_paths(argv: list[str]) -> list[str]:
+    """The overrides with a plain value that starts with ``~`` (a path under the home directory) made readable to
+    Hydra, whose grammar refuses an unquoted ``~``; a shell passes ``dataset.path=~/x.npz`` as it is, quoted or
+    not (a dotted key is no shell variable). normfl's keys get the value quoted (``dataset.path='~/x.npz'``:
+    normfl expands it where it reads the path, and the recorded config keeps it as typed); Hydra's own
+    (``hydra.run.dir``), which Hydra would take literally, get the home directory written out. A sweep's comma
+    list is done value by value; anything else is left to Hydra."""
+    def readable(arg: str) -> str:
         if not (m := HOME_PATHS.fullmatch(arg)):
             return arg
-        return f"{m[1]}=" + ",".join(f"'{v}'" if v.startswith("~") else v for v in m[2].split(","))
-    return [quoted(a) for a in argv]
+        hydras = m[1].lstrip("+~").startswith("hydra.")
+        return f"{m[1]}=" + ",".join(v if not v.startswith("~") else os.path.expanduser(v) if hydras else f"'{v}'"
+                                     for v in m[2].split(","))
+    return [readable(a) for a in argv]
 
 
 @contextlib.contextmanager
