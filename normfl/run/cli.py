@@ -52,8 +52,12 @@ def home_paths(argv: list[str]) -> list[str]:
         if not (m := HOME_PATHS.fullmatch(arg)):
             return arg
         hydras = m[1].lstrip("+~").startswith("hydra.")
-        return f"{m[1]}=" + ",".join(v if not v.startswith("~") else os.path.expanduser(v) if hydras else f"'{v}'"
-                                     for v in m[2].split(","))
+
+        def value(v: str) -> str:
+            if not v.startswith("~"):
+                return v
+            return os.path.expanduser(v) if hydras else f"'{v}'"
+        return f"{m[1]}=" + ",".join(map(value, m[2].split(",")))
     return [readable(a) for a in argv]
 
 
