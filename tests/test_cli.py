@@ -293,3 +293,17 @@ def test_ctrl_c_stops_a_joblib_sweep_its_running_jobs_checkpointed_and_the_print
     assert again.returncode == 0 and "normfl sweep: 4 completed" in again.stderr, again.stderr[-3000:]
     for job in ("0", "1"):
         assert "resuming from round" in (sweep / job / "train.log").read_text(), job
+
+
+def test_a_value_typed_with_a_tilde_is_made_readable_to_hydra(monkeypatch):
+    """Hydra's grammar refuses an unquoted ~, which a shell passes as it is for a dotted key: normfl's keys get
+    it quoted (normfl expands it where it reads the path), Hydra's own the home directory written out; a sweep's
+    list value by value; anything else untouched."""
+    from normfl.run.cli import home_paths
+
+    monkeypatch.setenv("HOME", "/home/u")
+    typed = ["dataset.path=~/x.npz", "data_root=~", "+offline_data=~/d,data", "hydra.run.dir=~/runs/a",
+             "hydra.sweep.dir=~", "rounds=3", "dataset.path='~/q.npz'", "model.hidden=[~]", "name=a~b"]
+    assert home_paths(typed) == ["dataset.path='~/x.npz'", "data_root='~'", "+offline_data='~/d',data",
+                                 "hydra.run.dir=/home/u/runs/a", "hydra.sweep.dir=/home/u", "rounds=3",
+                                 "dataset.path='~/q.npz'", "model.hidden=[~]", "name=a~b"]
