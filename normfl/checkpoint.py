@@ -7,6 +7,8 @@ config key it belongs to; resuming under another config is refused.
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 from pathlib import Path
 
@@ -38,6 +40,69 @@ def restore(run, state: dict) -> None:
     run.clients.engine.backend = state["backend"]
     if run.audit is not None and state.get("audit") is not None:       # the canaries' scores so far
         run.audit.scores, run.audit.steps = state["audit"][0].to(run.x.device), state["audit"][1]
+
+
+class UndeclaredState(RuntimeError):
+    """An algorithm's attribute changed from round to round without being named in its ``state``."""
+
+
+def _fingerprint(value):
+    """``value`` to the bit, to compare later: a tensor's bytes, anything else as torch.save writes it (None where
+    it cannot be written: such an attribute is not watched)."""
+    if isinstance(value, torch.Tensor):
+        v = value.detach()
+        return ("tensor", v.dtype, tuple(v.shape), v.reshape(-1).contiguous().view(torch.uint8).clone())
+    try:
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        return ("saved", buf.getvalue())
+    except Exception:                                  # noqa: BLE001 (a lambda, a lock, an open file...)
+        return None
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None or a[0] != b[0]:
+        return a is None or b is None
+    if a[0] == "tensor":
+        return a[1:3] == b[1:3] and torch.equal(a[3], b[3].to(a[3].device))
+    return a == b
+
+
+class StateWatch:
+    """The first ``ROUNDS`` rounds of a run: every attribute of its algorithm but those its ``state`` (saved by a
+    checkpoint) and its ``scratch`` (remade each round) name must keep its value, to the bit, from set-up on. One
+    that changes (a momentum buffer, a step counter, a cache filled in round 0) would be lost by a checkpoint,
+    and the run resumed from it would end elsewhere under the same run key: the run stops with
+    ``UndeclaredState`` naming it, before its first checkpoint (at checkpoint_every=1, before its second)."""
+
+    ROUNDS = 2
+
+    def __init__(self, algo, kept: tuple[str, ...] = ()):
+        """``kept``: attributes the checkpoint keeps elsewhere (in-band canaries ride on the privatizer, ``mech``,
+        and their scores are the checkpoint's ``audit``)."""
+        self.kept = kept
+        self.seen, self.rounds = self._look(algo), 0
+
+    def _look(self, algo) -> dict:
+        skip = set(algo.state) | set(getattr(algo, "scratch", ())) | set(self.kept)
+        return {name: _fingerprint(v) for name, v in vars(algo).items() if name not in skip
+                and not isinstance(getattr(type(algo), name, None), functools.cached_property)}   # made once, on use
+
+    def check(self, algo) -> bool:
+        """After a round: raise ``UndeclaredState`` if an attribute changed; whether to go on watching."""
+        now = self._look(algo)
+        changed = [n for n in now if n not in self.seen or not _same(self.seen[n], now[n])]
+        if changed:
+            cls = type(algo)
+            names = ", ".join(repr(n) for n in changed)
+            raise UndeclaredState(
+                f"{cls.__module__}.{cls.__qualname__} changed {names} in round {self.rounds + 1} but its `state` "
+                f"does not name {'them' if len(changed) > 1 else 'it'}: a checkpoint would lose "
+                f"{'them' if len(changed) > 1 else 'it'}, and the run resumed from it would end elsewhere. Add "
+                f"{names} to the class's `state` (what a round changes and the next reads), or to its `scratch` "
+                "if every round remakes it")
+        self.seen, self.rounds = now, self.rounds + 1
+        return self.rounds < self.ROUNDS
 
 
 def save(out_dir: Path, key: str, state: dict) -> None:

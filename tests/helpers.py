@@ -10,3 +10,23 @@ class Crasher(NormEC):
         if k == 1:
             raise RuntimeError("crashed on purpose in round 1")
         return super().round(k, x, clients)
+
+
+class ForgetfulMomentum(NormEC):
+    """α-NormEC with heavy-ball momentum on the server's step, as a user might add it, the momentum ``m`` left out
+    of ``state``: a checkpoint would lose it."""
+
+    def setup(self, x0, num_clients, rounds, privacy, seed, **kw):
+        super().setup(x0, num_clients, rounds, privacy, seed, **kw)
+        self.m = None
+
+    def round(self, k, x, clients):
+        x_new, info = super().round(k, x, clients)
+        self.m = x_new - x if self.m is None else 0.9 * self.m + (x_new - x)
+        return x + self.m, info
+
+
+class Momentum(ForgetfulMomentum):
+    """The same, its momentum declared."""
+
+    state = (*NormEC.state, "m")

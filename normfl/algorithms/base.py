@@ -51,10 +51,13 @@ class Algorithm:
 
     ``setup`` builds the run's privatizer ``mech`` (``normfl.privacy.mechanisms``; None for a
     non-private run), from which the noise column, ``spent`` and the summary's privacy block all come.
-    ``state`` names the attributes a round changes: a checkpoint saves and restores exactly those.
+    ``state`` names the attributes a round changes: a checkpoint saves and restores exactly those. ``scratch``
+    names those a round may change that a checkpoint need not keep, being remade from the seed or within each
+    round; a run stops in its first rounds if any other attribute changes (``checkpoint.StateWatch``).
     """
 
     state: tuple[str, ...] = ()
+    scratch: tuple[str, ...] = ("generator",)      # Streams: reseeded from (seed, stream, round) at every call
     sampling: Participation | None = None   # who takes part in a round (None: every client, every round)
     bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
 

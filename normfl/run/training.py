@@ -80,6 +80,8 @@ class Training:
         self.unread: list[tuple[dict, torch.Tensor]] = []           # rows whose losses and flags are not read yet
         if state and "step" in state:                                # saved part-way through a round (Ctrl-C)
             self.step, self.losses, self.uploads = state["step"], list(state["losses"]), state["uploads"]
+        # its first rounds: every attribute a round changes is declared (in-band canaries ride on the privatizer)
+        self.watch = checkpoint.StateWatch(self.algo, ("mech",) if self.audit and self.audit.inband else ())
         self.status, self.t0 = "completed", time.perf_counter() - self.rec.rows[-1]["wall_time"]
         self.active = self.k < cfg.rounds
         self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
@@ -163,6 +165,8 @@ class Training:
         self.unread.append((row, torch.isfinite(x).all()))
         self.losses, self.uploads = [], 0
         self.k, self.active = k + 1, not last
+        if self.watch is not None and not self.watch.check(self.algo):
+            self.watch = None
         self.bar.update()
         evaluate = (k + 1) % cfg.eval_every == 0 or last
         if evaluate:
