@@ -246,3 +246,14 @@ def test_each_score_kept_and_each_route_holds_at_its_share_of_alpha(who, p, monk
     assert audit.scores_kept == kept and got["confidence"] == 1 - canaries.ALPHA
     assert sorted(seen) == sorted([("eps_lower", canaries.ALPHA / (2 * len(kept))),
                                    (curve, canaries.ALPHA / (2 * len(kept)))] * len(kept))
+
+
+def test_a_users_subclass_is_audited_as_its_family_declares(tmp_path, data_root):
+    """Which algorithms a canary audit takes was an exact list of built-in targets, so a user's subclass of a
+    Gaussian algorithm (tests.helpers.Momentum: α-NormEC with server momentum, outside normfl) was refused; its
+    class's declaration (``canaries``, inherited) decides now, and NormFedAvg's discrete mechanisms stay refused."""
+    summary = run(config(data_root, "client", "algo._target_=tests.helpers.Momentum", "audit.canaries=100"),
+                  tmp_path / "run")
+    assert summary["audit"]["canaries"] == 100 and summary["audit"]["steps_observed"] == 20
+    with pytest.raises(ConfigError, match="audit.canaries=100; allowed: 0 here"):
+        run(config(data_root, "client", "algo=dp_normfedavg", "audit.canaries=100"), tmp_path / "nfa")

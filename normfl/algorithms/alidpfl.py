@@ -46,6 +46,13 @@ class DPFL(Algorithm):
     steps (``sgm.ClientAccountant``), stops the run."""
 
     state = ("used", "tau_next", "selector", "weights", "batch")
+    own_noise = "its noise is algo.sigma, and its budget R_c comes from its own accountant"
+    own_round = "its paper defines its round: DP-SGD steps charged to a privacy budget"
+    canaries = poisson_batches = True
+
+    @classmethod
+    def adds_noise(cls, node) -> bool:
+        return True                                          # DP-SGD is always private
 
     def __init__(self, lr=0.5, sigma=1.1, clip=0.1, sample_rate=0.015, tau=1, adaptive=False,
                  rc_method="bisect_tol", rc_override=None, tau_rule="g_bound_v1", T_mode="static", tau_cap=100,

@@ -58,6 +58,17 @@ class Algorithm:
 
     state: tuple[str, ...] = ()
     scratch: tuple[str, ...] = ("generator",)      # Streams: reseeded from (seed, stream, round) at every call
+    # What the rest of normfl reads from the class before it is built (the config's checks):
+    own_noise: str | None = None       # why it sizes its noise itself (then a run reads privacy.epsilon and delta
+                                       # alone); None: the privacy node's calibration sizes it
+    own_round: str | None = None       # why its paper's round is not a step (then reading=pass is refused)
+    canaries: bool = False             # whether its privatizer has a canary audit (normfl.privacy.audit.canaries)
+    poisson_batches: bool = False      # whether its clients draw Poisson batches instead of batch_size minibatches
+
+    @classmethod
+    def adds_noise(cls, node) -> bool:
+        """Whether a run of this ``algo`` config node adds noise (its ``private`` key by default)."""
+        return bool(node.get("private"))
     sampling: Participation | None = None   # who takes part in a round (None: every client, every round)
     bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
 
@@ -156,6 +167,7 @@ class GaussianAlgorithm(Algorithm):
     the mean of that many releases (the DP-SGD baseline's central noise)."""
 
     noise_by: str = "client"
+    canaries = True                    # Gaussian noise added by each client or by the server
 
     def __init__(self, gamma: float, beta: float, alpha: float = 0.0, private: bool = False, name: str = ""):
         super().__init__(private, name)

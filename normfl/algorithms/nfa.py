@@ -71,6 +71,13 @@ class NormFedAvg(Algorithm):
     server step β_k is a piecewise-constant ``beta`` schedule [[k_start, value], ...] or
     ``beta_over_eta`` · η_k."""
 
+    own_noise = "its noise comes from NFA Theorem 1 (QTDL) or cpSGD (Binomial)"
+    own_round = "its paper defines its round: local steps"
+
+    @classmethod
+    def adds_noise(cls, node) -> bool:
+        return node.get("mechanism", "none") != "none"
+
     def __init__(self, eta0, beta=None, beta_over_eta=None, lr_decay=0.99, local_steps=20, momentum=0.9,
                  weight_decay=1e-4, cohort_size=None, upload="unit", clip=1.0, scale_to_unit=False, mechanism="none",
                  s=4096, scope="per_round", sensitivity="heuristic", mu=0.1, noise_at="client", name="normfedavg"):

@@ -35,6 +35,19 @@ def accepted_keys(target: str, given=()) -> list[str]:
     return sorted(keys - {"self", *given})
 
 
+def algorithm(cfg: DictConfig) -> type:
+    """The class ``algo._target_`` names, whose declarations the checks read (``normfl.algorithms.base.Algorithm``:
+    ``own_noise``, ``own_round``, ``canaries``, ``adds_noise``); Algorithm's defaults where it names none that
+    imports (building it then says why)."""
+    from normfl.algorithms.base import Algorithm
+
+    try:
+        cls = get_object(str(get(cfg, "algo._target_")))
+    except Exception:                       # no such target: building it says so
+        return Algorithm
+    return cls if isinstance(cls, type) and issubclass(cls, Algorithm) else Algorithm
+
+
 @functools.cache
 def root() -> DictConfig:
     """conf/config.yaml (empty where conf/ is not beside the package)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from normfl.config.checks import choice, number
-from normfl.config.keys import get, option_file
+from normfl.config.keys import algorithm, get, option_file
 from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE_ON, RELATIONS
 
@@ -42,9 +42,7 @@ def _validate_calibration(cfg: DictConfig) -> None:
     """A certificate asked for half-way is refused, never replaced by the papers' formula: the noise is
     calibrated by an accountant only with both ``privacy.calibration=accountant`` and ``accountant=rdp|pld``."""
     calibration, accountant = cfg.privacy.calibration, cfg.accountant.name
-    own = {"normfl.algorithms.NormFedAvg": "its noise comes from NFA Theorem 1 (QTDL) or cpSGD (Binomial)",
-           "normfl.algorithms.DPFL": "its noise is algo.sigma, and its budget R_c comes from its own accountant"}
-    if (why := own.get(get(cfg, "algo._target_"))) and (calibration, accountant) != ("paper", "paper"):
+    if (why := algorithm(cfg).own_noise) and (calibration, accountant) != ("paper", "paper"):
         raise ConfigError("privacy.calibration" if calibration != "paper" else "accountant",
                           calibration if calibration != "paper" else accountant,
                           f"paper (privacy.calibration=paper accountant=paper) with algo={cfg.algo.name}: {why}")
@@ -64,23 +62,20 @@ FORMULA_KEYS = ("c", "log_base", "sqrt_covers_log", "K_plus_one", "K", "noise_on
 
 
 def private(cfg: DictConfig) -> bool:
-    """Whether the run adds noise: the Gaussian algorithms with algo.private, DP-SGD's, NormFedAvg's mechanisms."""
-    target = get(cfg, "algo._target_")
-    if target == "normfl.algorithms.NormFedAvg":
-        return get(cfg, "algo.mechanism") != "none"
-    return target == "normfl.algorithms.DPFL" or bool(get(cfg, "algo.private"))
+    """Whether the run adds noise, as its algorithm declares (``adds_noise``)."""
+    return isinstance(node := get(cfg, "algo"), DictConfig) and algorithm(cfg).adds_noise(node)
 
 
 def _validate_privacy_reads(cfg: DictConfig) -> None:
     """A privacy key the run does not read is refused, not ignored: every one without noise; all but ε and δ
-    where the algorithm brings its own mechanism (NormFedAvg, DPFL); the papers' formula under an accountant;
+    where the algorithm sizes its noise itself (``own_noise``); the papers' formula under an accountant;
     amplification where no client is sampled."""
-    name, target = cfg.algo.name, get(cfg, "algo._target_")
+    name = cfg.algo.name
     if not private(cfg):
         reads, why = (), f"with algo={name}, which adds no noise (the private algorithms: {PRIVATE_ALGOS})"
         if cfg.accountant.name != "paper":
            raise ConfigError("accountant", cfg.accountant.name, f"paper {why}")
-    elif target in ("normfl.algorithms.NormFedAvg", "normfl.algorithms.DPFL"):
+    elif algorithm(cfg).own_noise:
         reads, why = ("epsilon", "delta"), f"with algo={name}, whose mechanism reads privacy.epsilon and delta alone"
     elif cfg.privacy.calibration == "accountant":
         reads = [k for k in cfg.privacy if k not in FORMULA_KEYS]
@@ -95,11 +90,6 @@ def _validate_privacy_reads(cfg: DictConfig) -> None:
                           "amplification by sampling needs clients sampled, p < 1")
 
 
-# the algorithms whose mechanism has a canary audit (normfl.privacy.audit.canaries): Gaussian noise added by each
-# client or by the server, and DP-SGD on each client; NormFedAvg's discrete mechanisms are audited one message
-# at a time instead (normfl.privacy.audit.messages, make audit)
-AUDITED = ("normfl.algorithms.NormEC", "normfl.algorithms.Clip21", "normfl.algorithms.FedNormEC",
-           "normfl.algorithms.FedAvg", "normfl.algorithms.DPSGDNorm", "normfl.algorithms.DPFL")
 AUDIT_MODES = ("sidecar", "inband")
 
 
@@ -110,10 +100,9 @@ def validate_audit(cfg: DictConfig) -> None:
     n = get(cfg, "audit.canaries")
     if not n:
         return
-    target = get(cfg, "algo._target_")
-    if target not in AUDITED:
+    if not algorithm(cfg).canaries:      # NormFedAvg's discrete mechanisms are audited a message at a time instead
         raise ConfigError("audit.canaries", n, "0 here: canaries audit the Gaussian mechanisms (dp_normec, "
                           "dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm algo.private=true, dpfl, ali_dpfl); the "
                           "discrete mechanisms of dp_normfedavg are audited per message (make audit)")
-    if not private(cfg):                             # DP-SGD is always private; NormFedAvg is not AUDITED
+    if not private(cfg):
         raise ConfigError("audit.canaries", n, "0 for a run without privacy (nothing to audit)")

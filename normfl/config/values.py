@@ -16,7 +16,7 @@ from normfl.algorithms.local import OPERATORS
 from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
 from normfl.algorithms.tau import T_MODES, TAU_RULES
 from normfl.config.checks import choice, number, unread
-from normfl.config.keys import get, root, validate_keys
+from normfl.config.keys import algorithm, get, root, validate_keys
 from normfl.config.privacy_rules import validate_audit, validate_privacy
 from normfl.data.clients import ORACLES
 from normfl.data.sources import SPLITS, holdout_indices, npz_client_ids
@@ -118,9 +118,8 @@ def validate(cfg: DictConfig) -> None:
     if get(cfg, "reading") == "pass":
         if cfg.oracle != "minibatch":
            raise ConfigError("reading", "pass", "text with oracle=full (a full-gradient round is a pass already)")
-        if get(cfg, "algo._target_") in ("normfl.algorithms.NormFedAvg", "normfl.algorithms.DPFL"):
-           raise ConfigError("reading", "pass", f"text with algo={cfg.algo.name} (its paper defines its round: "
-                              "local steps, or DP-SGD steps charged to a privacy budget)")
+        if why := algorithm(cfg).own_round:
+           raise ConfigError("reading", "pass", f"text with algo={cfg.algo.name} ({why})")
     if cfg.precision == "bf16" and cfg.device.name == "mps":
         raise ConfigError("precision", "bf16", "fp32 on mps (bf16 autocast needs a CPU or CUDA device)")
     if cfg.precision == "bf16" and cfg.backend in ("vmap", "analytic"):

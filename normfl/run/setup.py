@@ -140,7 +140,7 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     x = flat.vector()
     data = ClientData(batches.x, batches.y, parts, cfg.batch_size, cfg.seed, prep,
                       augment=bool(cfg.dataset.augment), oracle=cfg.oracle, batches=batches)
-    if cfg.algo._target_ != "normfl.algorithms.DPFL" and (short := data.short_shards(cfg.batch_size)):
+    if not algo.poisson_batches and (short := data.short_shards(cfg.batch_size)):
         log.info(short)                      # DP-SGD's batches are Poisson draws at algo.sample_rate instead
     steps = data.steps_per_pass() if cfg.get("reading", "text") == "pass" else 1
     algo.setup(x, cfg.clients, cfg.rounds * steps, build_privacy(cfg, steps), algo_seed(cfg))

@@ -331,7 +331,7 @@ CLIENT_BYTES = 32          # a client canary's peak bytes a coordinate: its floa
 
 def canaries_for(algo, clients, n: int, d: int, seed: int, device: torch.device, dtype: torch.dtype,
                  mode: str = "sidecar") -> Canaries:
-    """The audit of ``algo``'s mechanism family (``config.AUDITED`` lists which algorithms have one), beside the
+    """The audit of ``algo``'s mechanism family (those that declare ``canaries``), beside the
     run (``sidecar``) or in its privatizer calls (``inband``)."""
     inband = mode == "inband"
     if algo.mech.unit == "sample":
