@@ -46,26 +46,18 @@ class UndeclaredState(RuntimeError):
     """An algorithm's attribute changed from round to round without being named in its ``state``."""
 
 
-def _fingerprint(value):
-    """``value`` to the bit, to compare later: a tensor's bytes, anything else as torch.save writes it (None where
-    it cannot be written: such an attribute is not watched)."""
-    if isinstance(value, torch.Tensor):
-        v = value.detach()
-        return ("tensor", v.dtype, tuple(v.shape), v.reshape(-1).contiguous().view(torch.uint8).clone())
+def _fingerprint(value) -> bytes | None:
+    """``value`` to the bit, to compare later: a tensor's dtype, shape and bytes (a view's own elements, not its
+    storage's), anything else as torch.save writes it; None where it cannot be written (not watched)."""
     try:
+        if isinstance(value, torch.Tensor):
+            v = value.detach().reshape(-1).contiguous()
+            return f"{v.dtype}{tuple(value.shape)}".encode() + v.view(torch.uint8).cpu().numpy().tobytes()
         buf = io.BytesIO()
         torch.save(value, buf)
-        return ("saved", buf.getvalue())
+        return buf.getvalue()
     except Exception:                                  # noqa: BLE001 (a lambda, a lock, an open file...)
         return None
-
-
-def _same(a, b) -> bool:
-    if a is None or b is None or a[0] != b[0]:
-        return a is None or b is None
-    if a[0] == "tensor":
-        return a[1:3] == b[1:3] and torch.equal(a[3], b[3].to(a[3].device))
-    return a == b
 
 
 class StateWatch:
@@ -91,7 +83,7 @@ class StateWatch:
     def check(self, algo) -> bool:
         """After a round: raise ``UndeclaredState`` if an attribute changed; whether to go on watching."""
         now = self._look(algo)
-        changed = [n for n in now if n not in self.seen or not _same(self.seen[n], now[n])]
+        changed = [n for n, seen in now.items() if seen is not None and self.seen.get(n) != seen]
         if changed:
             cls = type(algo)
             names = ", ".join(repr(n) for n in changed)

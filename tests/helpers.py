@@ -22,8 +22,16 @@ class ForgetfulMomentum(NormEC):
 
     def round(self, k, x, clients):
         x_new, info = super().round(k, x, clients)
-        self.m = x_new - x if self.m is None else 0.9 * self.m + (x_new - x)
+        m = getattr(self, "m", None)
+        self.m = x_new - x if m is None else 0.9 * m + (x_new - x)
         return x + self.m, info
+
+
+class LateMomentum(ForgetfulMomentum):
+    """The same, its momentum first made in round 0 (no value at set-up)."""
+
+    def setup(self, x0, num_clients, rounds, privacy, seed, **kw):
+        NormEC.setup(self, x0, num_clients, rounds, privacy, seed, **kw)
 
 
 class Momentum(ForgetfulMomentum):

@@ -303,20 +303,22 @@ def test_a_run_resumed_mid_pass_or_audited_ends_as_the_run_never_stopped(case, t
         assert summary["audit"]["steps_observed"] == summary["steps"]
 
 
-def test_round_state_left_out_of_the_declaration_stops_the_run_before_its_first_checkpoint(tmp_path, data_root):
+@pytest.mark.parametrize("forgetful", ["ForgetfulMomentum", "LateMomentum"])
+def test_round_state_left_out_of_the_declaration_stops_the_run_before_its_first_checkpoint(forgetful, tmp_path,
+                                                                                           data_root):
     """An algorithm (a user's, from outside normfl) whose round changes an attribute its ``state`` does not name
     would resume from a checkpoint without it and end elsewhere under the same run key: the run stops in its
     first rounds, before a checkpoint, naming the attribute and the fix; declared, the same algorithm resumes as
-    the run never stopped."""
+    the run never stopped. The attribute is caught whether set-up gave it a value or round 0 made it."""
     from normfl.checkpoint import UndeclaredState
     from normfl.run import run
 
-    cfg = compose_config(data_root, "algo=normec", "algo._target_=tests.helpers.ForgetfulMomentum",
+    cfg = compose_config(data_root, "algo=normec", f"algo._target_=tests.helpers.{forgetful}",
                          "checkpoint_every=2")
     with pytest.raises(UndeclaredState) as err:
         run(cfg, tmp_path / "forgetful")
     said = str(err.value)
-    assert "tests.helpers.ForgetfulMomentum changed 'm' in round 1" in said and "to the class's `state`" in said
+    assert f"tests.helpers.{forgetful} changed 'm' in round 1" in said and "to the class's `state`" in said
     assert not (tmp_path / "forgetful" / "checkpoint.pt").exists()
     check_resumed_equals_whole(data_root, tmp_path / "declared",
                                ["algo=normec", "algo._target_=tests.helpers.Momentum"])
