@@ -1,6 +1,19 @@
-"""Test-only parts loaded by config (tests/conf, through hydra.searchpath)."""
+"""Test-only parts: a run's config composed as train.py composes it, and algorithms loaded by config (tests/conf,
+through hydra.searchpath, or algo._target_=tests.helpers.NAME)."""
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
 
 from normfl.algorithms import NormEC
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def composed(*overrides: str):
+    """conf/config.yaml with ``overrides``, as ``python train.py OVERRIDES`` composes it."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
 
 
 class Crasher(NormEC):

@@ -18,6 +18,7 @@ from normfl.config import ConfigError, validate
 from normfl.ops import round_generator
 from normfl.privacy import Privacy
 from normfl.privacy.sgm import paper_epsilon
+from tests.helpers import composed
 from tests.test_collect import rows
 from tests.test_config import cfg_with
 
@@ -242,15 +243,11 @@ def test_wandb_names_the_epsilon_a_claim_or_a_certificate(tmp_path):
 def test_the_progress_bar_shows_no_train_loss_of_a_private_run(algo, shown, tmp_path, data_root, capfd):
     """The train loss is the clients' loss on their own data, without noise: a private run's progress bar shows
     the test accuracy alone (the loss stays in metrics.csv, privacy.md says so); a run without privacy, both."""
-    from hydra import compose, initialize_config_dir
-
     from normfl.run import run
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[
-            f"algo={algo}", "dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400", "clients=4",
-            "dataset.test_limit=100", "rounds=3", "progress=true", f"data_root={data_root}",
-            *(["algo.rc_override=6", "algo.sample_rate=0.1"] if algo == "ali_dpfl" else [])])
+    cfg = composed(f"algo={algo}", "dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400", "clients=4",
+                   "dataset.test_limit=100", "rounds=3", "progress=true", f"data_root={data_root}",
+                   *(["algo.rc_override=6", "algo.sample_rate=0.1"] if algo == "ali_dpfl" else []))
     run(cfg, tmp_path / "run")
     bar = capfd.readouterr().err
     assert "acc=" in bar and ("loss=" in bar) is shown

@@ -25,10 +25,10 @@ import dp_accounting as dpa
 import pandas as pd
 import pytest
 from dp_accounting import pld, rdp
-from hydra import compose, initialize_config_dir
 
 from normfl.privacy import certified
 from normfl.run import run
+from tests.helpers import composed
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN, CLIENTS, BATCH = 398, 4, 10         # shards of 100, 100, 99, 99 samples: 9 full batches of 10 in each pass
@@ -82,8 +82,7 @@ RUNS = [pytest.param(name, reading, id=f"{name}-{reading}") for name in CASES fo
 
 
 def config(data_root, *overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=[*SMALL, f"data_root={data_root}", *overrides])
+    return composed(*SMALL, f"data_root={data_root}", *overrides)
 
 
 def shard_sizes() -> list[int]:

@@ -15,21 +15,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 
 from normfl.results import Recorder, last5_mean_test_acc
 from normfl.run import run
+from tests.helpers import composed
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "outputs" / "records"
 
 
 def config(data_root, *overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=[
-            "dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400", "dataset.test_limit=200",
-            "clients=4", "backend=sequential", "progress=false", "checkpoint_every=0",
-            f"data_root={data_root}", *overrides])
+    return composed("dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400", "dataset.test_limit=200",
+                    "clients=4", "backend=sequential", "progress=false", "checkpoint_every=0", f"data_root={data_root}",
+                    *overrides)
 
 
 def test_a_runs_summary_holds_the_mean_of_its_last_five_evaluations(tmp_path, data_root):

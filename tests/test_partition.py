@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 
 from normfl.data import dirichlet, iid, label_histogram, natural, sampled_shards, shards
 from normfl.run import build_data
+from tests.helpers import composed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -241,10 +241,8 @@ def test_a_run_partitions_the_real_data_as_the_records_were_partitioned(partitio
     clients, seed 42: pinned, so a run that hands the partitioner other labels (the test set's, the unlimited
     set's), another seed (algo_seed, a derived one) or another number of clients gets caught, not only a change
     inside the partitioner. It is the partitioner called on the run's training labels with the run's seed."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["dataset=fashion_mnist", "dataset.train_limit=2000",
-                                           "dataset.download=false", f"partition={partition}",
-                                           f"data_root={data_root}", f"offline_data={offline_dir}"])
+    cfg = composed("dataset=fashion_mnist", "dataset.train_limit=2000", "dataset.download=false",
+                   f"partition={partition}", f"data_root={data_root}", f"offline_data={offline_dir}")
     assert (cfg.seed, cfg.clients) == (42, 10)
     sha, sizes, first = REAL[partition]
     ds, parts = build_data(cfg)

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from tests.helpers import composed
 from tests.test_end_to_end import train as train_py
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,12 +196,9 @@ SPECIAL = {
 
 
 def compose_config(data_root, *overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        given = {o.split("=", 1)[0] for o in overrides}
-        small = [f"{k}={v}" for k, v in SMALL.items() if k not in given]
-        return compose("config", overrides=[*small, f"data_root={data_root}", *overrides])
+    given = {o.split("=", 1)[0] for o in overrides}
+    small = [f"{k}={v}" for k, v in SMALL.items() if k not in given]
+    return composed(*small, f"data_root={data_root}", *overrides)
 
 
 def trained(t, until_step=None):
