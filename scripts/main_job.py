@@ -37,7 +37,7 @@ def table2(cfg) -> float | None:
     """NORMEC Table 2's final accuracy for this run's cell, if it is one (α-NormEC, α = 0.01, non-private,
     CIFAR-10, 10 clients, batch 32, seed 42, the paper's γ for its β)."""
     a = cfg.algo
-    cell = (a.get("_target_") == "normfl.algorithms.NormEC" and not a.get("private") and a.get("alpha") == 0.01
+    cell = (a.get("name") == "normec" and not a.get("private") and a.get("alpha") == 0.01
             and cfg.dataset._target_ == "normfl.data.load_cifar10" and cfg.dataset.split == "holdout"
             and not cfg.dataset.train_limit and not cfg.dataset.test_limit and cfg.clients == 10
             and cfg.batch_size == 32 and cfg.seed == 42)

@@ -22,8 +22,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_bad_input import npz, refused  # tests/ is on the path (pytest's rootdir import mode)
 
-from normfl.algorithms import DPFL, Algorithm, Clip21, DPSGDNorm, FedAvg, FedNormEC, NormEC, NormFedAvg
+from normfl.algorithms import Algorithm
 from normfl.config import ConfigError, accepted_keys, config_key, resolve_clients, validate
+from normfl.config.keys import algorithm
+from tests.helpers import composed
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["dataset=fashion_mnist", "dataset.train_limit=500", "dataset.test_limit=100", "model=logreg", "rounds=2",
@@ -124,11 +126,10 @@ def test_a_value_the_constructor_raises_on_names_the_algorithm(tmp_path, data_ro
 
 
 def test_the_keys_listed_are_those_of_the_algorithm_configs():
-    for name in ("normec", "clip21", "dpsgd_norm", "dp_fed_normec", "dp_fedavg", "normfedavg", "dpfl"):
-        node = OmegaConf.load(REPO / "conf" / "algo" / f"{name}.yaml")
-        keys = set(node) - {"_target_", "defaults"}
-        assert keys <= set(accepted_keys(node._target_)), name
-    assert accepted_keys("normfl.algorithms.FedNormEC")[:3] == ["alpha", "beta", "cohort_size"]   # through **kw
+    for path in sorted((REPO / "conf" / "algo").glob("*.yaml")):
+        node = composed(f"algo={path.stem}").algo
+        assert set(node) - {"_target_"} <= set(accepted_keys(node._target_)), path.stem
+    assert accepted_keys(composed("algo=fed_normec").algo._target_)[:3] == ["alpha", "beta", "cohort_size"]  # **kw
 
 
 # -- 3 and 4: the data line, and what the privacy block's std is on ------------------------------------------
@@ -159,7 +160,9 @@ def test_the_log_line_and_the_privacy_block(tmp_path, data_root):
 
 
 def test_every_private_algorithm_says_what_its_noise_is_on():
-    for cls in (NormEC, Clip21, DPSGDNorm, FedNormEC, FedAvg, NormFedAvg, DPFL):
+    classes = {algorithm(composed(f"algo={path.stem}")) for path in (REPO / "conf" / "algo").glob("*.yaml")}
+    assert len(classes) == 7                         # each of them runs private with its private key set
+    for cls in classes:
         assert cls.noise_target is not Algorithm.noise_target, cls.__name__
 
 

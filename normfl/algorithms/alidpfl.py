@@ -32,10 +32,19 @@ import torch
 
 from normfl.algorithms.base import Algorithm, Clients
 from normfl.algorithms.local import local_dpsgd
-from normfl.algorithms.tau import Estimates, TauSelector, code_estimates, noise_constant, weighted_estimates
+from normfl.algorithms.tau import (
+    T_MODES,
+    TAU_RULES,
+    Estimates,
+    TauSelector,
+    code_estimates,
+    noise_constant,
+    weighted_estimates,
+)
 from normfl.errors import ConfigError
 from normfl.ops import DPSGD, average
 from normfl.privacy.mechanisms import SampledGaussian
+from normfl.privacy.sgm import METHODS as RC_METHODS
 from normfl.privacy.sgm import ClientAccountant
 
 log = logging.getLogger(__name__)
@@ -53,6 +62,32 @@ class DPFL(Algorithm):
     @classmethod
     def adds_noise(cls, node) -> bool:
         return True                                          # DP-SGD is always private
+
+    @classmethod
+    def check(cls, cfg, rules) -> None:
+        for key in ("lr", "sigma", "clip"):
+            rules.number(cfg, f"algo.{key}", lambda v: v > 0, "a number > 0")
+        rules.number(cfg, "algo.sample_rate", lambda v: 0 < v <= 1, "a number in (0, 1]")
+        rules.number(cfg, "algo.tau", lambda v: v >= 1, "an integer >= 1", integer=True)
+        rules.number(cfg, "algo.tau_cap", lambda v: v >= 1, "an integer >= 1", integer=True)
+        rules.number(cfg, "algo.rc_override", lambda v: v >= 1, "null or an integer >= 1", integer=True,
+                     optional=True)
+        rules.number(cfg, "algo.divisor", lambda v: v > 0,
+                     "null (each client's expected batch q·|D_i|) or a number > 0", optional=True)
+        rules.number(cfg, "algo.lambda_const", lambda v: 0 < v < 1, "null or a number in (0, 1)", optional=True)
+        rules.number(cfg, "algo.omega_const", lambda v: v > 0, "null or a number > 0", optional=True)
+        rules.choice(cfg, "algo.rc_method", RC_METHODS, optional=False)
+        rules.choice(cfg, "algo.tau_rule", TAU_RULES, optional=False)
+        rules.choice(cfg, "algo.T_mode", T_MODES, optional=False)
+        if cfg.algo.adaptive:
+            rules.unread(cfg, "algo.tau", f"with algo.adaptive=true ({cfg.algo.name} chooses τ each round; "
+                         "algo=dpfl fixes it)", default=1)
+        if cfg.oracle != "minibatch":
+            raise ConfigError("oracle", cfg.oracle, f"minibatch with algo={cfg.algo.name} (its batches are Poisson "
+                              "samples at algo.sample_rate)")
+        if cfg.model.get("norm") == "batch":
+            raise ConfigError("model.norm", "batch", "group (DP-SGD's per-sample gradients are undefined with "
+                              "BatchNorm)")
 
     def __init__(self, lr=0.5, sigma=1.1, clip=0.1, sample_rate=0.015, tau=1, adaptive=False,
                  rc_method="bisect_tol", rc_override=None, tau_rule="g_bound_v1", T_mode="static", tau_cap=100,

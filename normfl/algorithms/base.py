@@ -62,13 +62,26 @@ class Algorithm:
     own_noise: str | None = None       # why it sizes its noise itself (then a run reads privacy.epsilon and delta
                                        # alone); None: the privacy node's calibration sizes it
     own_round: str | None = None       # why its paper's round is not a step (then reading=pass is refused)
-    canaries: bool = False             # whether its privatizer has a canary audit (normfl.privacy.audit.canaries)
+    canaries: bool = False             # whether its privatizer has a canary audit (normfl.privacy.audit.canaries;
+                                       # needs ``mech`` a Gaussian and ``bounding``, the Ψ its releases go through)
     poisson_batches: bool = False      # whether its clients draw Poisson batches instead of batch_size minibatches
+    # What the runner reads from a built run:
+    scalars: dict[str, int] | None = None   # the attributes runs may differ in and still take their rounds as one
+    # (``run.vectorized``: each becomes a column, rank 2 ([R, 1, 1]) where it meets the clients' rows [R, n, d], 1
+    # ([R, 1]) where it meets a model [R, d]; Ψ's β and α come along); None: its runs step alone
+    captures_round: bool = False       # its round is one ``clients.grads(x)`` then tensor work with no host
+    # sync: on static buffers it is replayed whole from a CUDA graph (``engine.capture.CapturedRound``)
 
     @classmethod
     def adds_noise(cls, node) -> bool:
         """Whether a run of this ``algo`` config node adds noise (its ``private`` key by default)."""
         return bool(node.get("private"))
+
+    @classmethod
+    def check(cls, cfg, rules) -> None:
+        """Refuse a bad value of this algorithm's keys before any work starts. ``rules`` is
+        ``normfl.config.checks``: ``rules.number(cfg, "algo.KEY", ok, allowed)``, ``rules.choice`` and
+        ``rules.unread`` raise ``ConfigError`` naming the key, its value and what is allowed."""
     sampling: Participation | None = None   # who takes part in a round (None: every client, every round)
     bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
 
@@ -168,6 +181,11 @@ class GaussianAlgorithm(Algorithm):
 
     noise_by: str = "client"
     canaries = True                    # Gaussian noise added by each client or by the server
+
+    @classmethod
+    def check(cls, cfg, rules) -> None:
+        rules.number(cfg, "algo.gamma", lambda v: v > 0, "a number > 0")
+        rules.number(cfg, "algo.beta", lambda v: v > 0, "a number > 0")
 
     def __init__(self, gamma: float, beta: float, alpha: float = 0.0, private: bool = False, name: str = ""):
         super().__init__(private, name)

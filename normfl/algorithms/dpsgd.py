@@ -15,6 +15,7 @@ from normfl.ops import Bounding, server_step
 
 class DPSGDNorm(GaussianAlgorithm):
     noise_by = "server"
+    scalars = {"gamma": 1}
 
     def __init__(self, gamma, beta, alpha, private=False, name="dpsgd_norm"):
         super().__init__(gamma, beta, alpha, private, name)

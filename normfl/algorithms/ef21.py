@@ -19,6 +19,8 @@ class EF21(GaussianAlgorithm):
     """The box; a subclass sets Ψ (``bounding``), the weight of Ψ's output in the memories and the server step."""
 
     state = ("g", "ghat")
+    scalars = {"weight": 2, "gamma": 1, "server_norm": 1}
+    captures_round = True
     weight: float = 1.0            # multiplies Ψ(.) in the client and server memories
     server_norm: bool = False
     bounding: Bounding

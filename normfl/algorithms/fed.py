@@ -40,6 +40,11 @@ class _Federated(GaussianAlgorithm):
         self.sampling = Participation.of(self.participation, num_clients, seed, self.bernoulli_p, self.cohort_size)
         super().setup(x0, num_clients, rounds, privacy, seed)
 
+    @property
+    def scalars(self) -> dict[str, int] | None:
+        """Runs side by side take one local gradient step (``run.vectorized``)."""
+        return self.SCALARS if self.local["steps"] == 1 and self.local["operator"] == "gd" else None
+
     def pseudo_gradient(self, x, clients, ids=None):
         return pseudo_gradient(x, clients, self.gamma, ids=ids, **self.local)
 
@@ -52,6 +57,12 @@ class FedNormEC(_Federated):
     only the rows a round touches when all of them would not fit in RAM."""
 
     state = ("v", "vhat")
+    SCALARS = {"beta": 2, "gamma": 2, "eta": 1, "server_norm": 1}
+
+    @property
+    def scalars(self) -> dict[str, int] | None:
+        """As ``_Federated``'s, with every client's memory updated each round and the memories in RAM."""
+        return super().scalars if self.memory_update == "all" and not self.v.on_disk else None
 
     def __init__(self, *args, memory_update="all", **kw):
         super().__init__(*args, **kw)
@@ -94,6 +105,8 @@ class FedAvg(_Federated):
     inside Ψ, so the release's bound is β. ``literal_psi`` applies Ψ to x^k - T_i(x^k) = γ U_i instead
     (reading A9's literal option). Noise: each participant adds ζ_i (``noise_by=client``), or the server
     adds one draw to the sum of the participants' bounded updates (``noise_by=server``, central DP-FedAvg)."""
+
+    SCALARS = {"gamma": 2, "eta": 1, "server_norm": 1}
 
     def __init__(self, *args, bounding="norm", noise_by="client", literal_psi=False, **kw):
         super().__init__(*args, **kw)

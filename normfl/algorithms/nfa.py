@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 
 import torch
+from omegaconf import ListConfig
 
 from normfl.algorithms.base import Algorithm, Clients
 from normfl.algorithms.local import local_sgd
@@ -77,6 +78,56 @@ class NormFedAvg(Algorithm):
     @classmethod
     def adds_noise(cls, node) -> bool:
         return node.get("mechanism", "none") != "none"
+
+    @classmethod
+    def check(cls, cfg, rules) -> None:
+        rules.number(cfg, "algo.eta0", lambda v: v > 0, "a number > 0")
+        rules.number(cfg, "algo.lr_decay", lambda v: 0 < v <= 1, "a number in (0, 1]")
+        rules.number(cfg, "algo.local_steps", lambda v: v >= 1, "an integer >= 1", integer=True)
+        rules.number(cfg, "algo.momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
+        rules.number(cfg, "algo.weight_decay", lambda v: v >= 0, "a number >= 0")
+        rules.number(cfg, "algo.cohort_size", lambda v: 1 <= v <= (cfg.clients or math.inf),
+                     f"null (all) or an integer in [1, clients={cfg.clients}]", integer=True, optional=True)
+        for key, options in (("upload", UPLOADS), ("mechanism", MECHANISMS), ("scope", SCOPES),
+                             ("sensitivity", SENSITIVITIES), ("noise_at", NOISE_AT)):
+            rules.choice(cfg, f"algo.{key}", options, optional=False)
+        rules.number(cfg, "algo.s", lambda v: v >= 1, "an integer >= 1", integer=True)
+        rules.number(cfg, "algo.mu", lambda v: v > 0, "a number > 0")
+        a = cfg.algo
+        schedule = ("a list of [k_start, value] pairs, distinct integers k_start >= 0 with 0 among them, finite "
+                    "values > 0")
+        if (a.beta is None) == (a.beta_over_eta is None):
+            raise ConfigError("algo.beta", a.beta, f"{schedule}, or null with algo.beta_over_eta set (exactly one)")
+        if a.beta is not None:
+            pairs = list(a.beta) if not isinstance(a.beta, (int, float, str)) else None
+            ok = pairs and all(isinstance(p, ListConfig) and len(p) == 2 and isinstance(p[0], int)
+                               and not isinstance(p[1], bool) and isinstance(p[1], (int, float))
+                               and 0 < p[1] < math.inf for p in pairs)
+            ok = ok and min(p[0] for p in pairs) == 0 and len({p[0] for p in pairs}) == len(pairs)
+            if not ok:
+                raise ConfigError("algo.beta", a.beta, schedule)
+        else:
+            rules.number(cfg, "algo.beta_over_eta", lambda v: v > 0, "a number > 0")
+        quantized = a.mechanism != "none"
+        rules.number(cfg, "algo.clip", lambda v: v > 0 and (v <= 1 or not quantized),
+                     "a number in (0, 1] (the quantizer needs |coordinates| <= 1)" if quantized else "a number > 0")
+        if a.get("scale_to_unit") and a.upload != "clip":
+            raise ConfigError("algo.scale_to_unit", True, f"false with algo.upload={a.upload} (it scales a clipped "
+                              "update)")
+        if quantized and a.upload == "update":
+            raise ConfigError("algo.upload", "update", "unit or clip with a quantizing mechanism (|coordinates| <= 1)")
+        if a.mechanism == "binomial" and a.scope != "per_round":
+            raise ConfigError("algo.scope", a.scope, "per_round with mechanism=binomial (cpSGD's per-round guarantee)")
+        if a.noise_at == "server" and a.mechanism != "qtdl":
+            raise ConfigError("algo.noise_at", "server", "client unless mechanism=qtdl (the aggregate-level variant)")
+        if a.mechanism == "none":
+            for key in ("s", "mu", "scope", "sensitivity", "noise_at"):
+                rules.unread(cfg, f"algo.{key}", f"with algo.mechanism=none (algo={a.name} quantizes nothing and "
+                             "adds no noise)")
+        elif a.sensitivity == "worst_case":
+            rules.unread(cfg, "algo.mu", "with algo.sensitivity=worst_case (μ is eq. 6's heuristic's)")
+        if a.upload != "clip":
+            rules.unread(cfg, "algo.clip", f"with algo.upload={a.upload} (the clipping bound of algo.upload=clip)")
 
     def __init__(self, eta0, beta=None, beta_over_eta=None, lr_decay=0.99, local_steps=20, momentum=0.9,
                  weight_decay=1e-4, cohort_size=None, upload="unit", clip=1.0, scale_to_unit=False, mechanism="none",

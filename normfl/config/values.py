@@ -13,8 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from normfl.algorithms.fed import BOUNDINGS, MEMORY_UPDATES
 from normfl.algorithms.local import OPERATORS
-from normfl.algorithms.nfa import MECHANISMS, NOISE_AT, SCOPES, SENSITIVITIES, UPLOADS
-from normfl.algorithms.tau import T_MODES, TAU_RULES
+from normfl.config import checks
 from normfl.config.checks import choice, number, unread
 from normfl.config.keys import algorithm, get, root, validate_keys
 from normfl.config.privacy_rules import validate_audit, validate_privacy
@@ -26,7 +25,6 @@ from normfl.engine.capture import CAPTURES, capturable
 from normfl.engine.flat import pick_device
 from normfl.errors import ConfigError
 from normfl.ops import PARTICIPATIONS
-from normfl.privacy.sgm import METHODS as RC_METHODS
 
 FLAGS = ("resume", "eval_train", "deterministic", "progress", "save_params", "dataset.augment", "dataset.download",
          "partition.capped", "algo.private", "algo.server_norm", "algo.adaptive", "algo.literal_psi",
@@ -139,13 +137,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.logger.name == "wandb" and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logger", "wandb", "csv here (the wandb package is not installed: pip install wandb)")
 
-    if get(cfg, "algo._target_") == "normfl.algorithms.NormFedAvg":
-        _validate_nfa(cfg)
-    elif get(cfg, "algo._target_") == "normfl.algorithms.DPFL":
-        _validate_dpfl(cfg)
-    else:
-        number(cfg, "algo.gamma", lambda v: v > 0, "a number > 0")
-        number(cfg, "algo.beta", lambda v: v > 0, "a number > 0")
+    algorithm(cfg).check(cfg, checks)                # its own keys, as its class declares
     number(cfg, "algo.alpha", lambda v: v >= 0, "a number >= 0", optional=True)
     for key in ("p", "algo.p"):       # the weights q_i = 1/p are float32: a smaller p made them NaN, "diverged"
         number(cfg, key, lambda v: 1e-30 <= v <= 1, "a number in [1e-30, 1]", optional=True)
@@ -244,79 +236,6 @@ def _validate_normalization(cfg: DictConfig) -> None:
     if len(lists["dataset.mean"]) != len(lists["dataset.std"]):
         raise ConfigError("dataset.mean", lists["dataset.mean"], f"as many numbers as dataset.std "
                           f"({len(lists['dataset.std'])}), one per channel of the data")
-
-
-def _validate_nfa(cfg: DictConfig) -> None:
-    """The keys of NormFedAvg and its variants (conf/algo/normfedavg.yaml)."""
-    number(cfg, "algo.eta0", lambda v: v > 0, "a number > 0")
-    number(cfg, "algo.lr_decay", lambda v: 0 < v <= 1, "a number in (0, 1]")
-    number(cfg, "algo.local_steps", lambda v: v >= 1, "an integer >= 1", integer=True)
-    number(cfg, "algo.momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
-    number(cfg, "algo.weight_decay", lambda v: v >= 0, "a number >= 0")
-    number(cfg, "algo.cohort_size", lambda v: 1 <= v <= (cfg.clients or math.inf),
-           f"null (all) or an integer in [1, clients={cfg.clients}]", integer=True, optional=True)
-    for key, options in (("upload", UPLOADS), ("mechanism", MECHANISMS), ("scope", SCOPES),
-                         ("sensitivity", SENSITIVITIES), ("noise_at", NOISE_AT)):
-        choice(cfg, f"algo.{key}", options, optional=False)
-    number(cfg, "algo.s", lambda v: v >= 1, "an integer >= 1", integer=True)
-    number(cfg, "algo.mu", lambda v: v > 0, "a number > 0")
-    a = cfg.algo
-    schedule = "a list of [k_start, value] pairs, distinct integers k_start >= 0 with 0 among them, finite values > 0"
-    if (a.beta is None) == (a.beta_over_eta is None):
-        raise ConfigError("algo.beta", a.beta, f"{schedule}, or null with algo.beta_over_eta set (exactly one)")
-    if a.beta is not None:
-        pairs = list(a.beta) if not isinstance(a.beta, (int, float, str)) else None
-        ok = pairs and all(isinstance(p, ListConfig) and len(p) == 2 and isinstance(p[0], int)
-                           and not isinstance(p[1], bool) and isinstance(p[1], (int, float))
-                           and 0 < p[1] < math.inf for p in pairs)
-        ok = ok and min(p[0] for p in pairs) == 0 and len({p[0] for p in pairs}) == len(pairs)
-        if not ok:
-            raise ConfigError("algo.beta", a.beta, schedule)
-    else:
-        number(cfg, "algo.beta_over_eta", lambda v: v > 0, "a number > 0")
-    quantized = a.mechanism != "none"
-    number(cfg, "algo.clip", lambda v: v > 0 and (v <= 1 or not quantized),
-           "a number in (0, 1] (the quantizer needs |coordinates| <= 1)" if quantized else "a number > 0")
-    if a.get("scale_to_unit") and a.upload != "clip":
-        raise ConfigError("algo.scale_to_unit", True, f"false with algo.upload={a.upload} (it scales a clipped update)")
-    if quantized and a.upload == "update":
-        raise ConfigError("algo.upload", "update", "unit or clip with a quantizing mechanism (|coordinates| <= 1)")
-    if a.mechanism == "binomial" and a.scope != "per_round":
-        raise ConfigError("algo.scope", a.scope, "per_round with mechanism=binomial (cpSGD's per-round guarantee)")
-    if a.noise_at == "server" and a.mechanism != "qtdl":
-        raise ConfigError("algo.noise_at", "server", "client unless mechanism=qtdl (the aggregate-level variant)")
-    if a.mechanism == "none":
-        for key in ("s", "mu", "scope", "sensitivity", "noise_at"):
-           unread(cfg, f"algo.{key}", f"with algo.mechanism=none (algo={a.name} quantizes nothing and adds no noise)")
-    elif a.sensitivity == "worst_case":
-        unread(cfg, "algo.mu", "with algo.sensitivity=worst_case (μ is eq. 6's heuristic's)")
-    if a.upload != "clip":
-        unread(cfg, "algo.clip", f"with algo.upload={a.upload} (the clipping bound of algo.upload=clip)")
-
-
-def _validate_dpfl(cfg: DictConfig) -> None:
-    """The keys of DPFL / ALI-DPFL (conf/algo/dpfl.yaml)."""
-    for key in ("lr", "sigma", "clip"):
-        number(cfg, f"algo.{key}", lambda v: v > 0, "a number > 0")
-    number(cfg, "algo.sample_rate", lambda v: 0 < v <= 1, "a number in (0, 1]")
-    number(cfg, "algo.tau", lambda v: v >= 1, "an integer >= 1", integer=True)
-    number(cfg, "algo.tau_cap", lambda v: v >= 1, "an integer >= 1", integer=True)
-    number(cfg, "algo.rc_override", lambda v: v >= 1, "null or an integer >= 1", integer=True, optional=True)
-    number(cfg, "algo.divisor", lambda v: v > 0, "null (each client's expected batch q·|D_i|) or a number > 0",
-           optional=True)
-    number(cfg, "algo.lambda_const", lambda v: 0 < v < 1, "null or a number in (0, 1)", optional=True)
-    number(cfg, "algo.omega_const", lambda v: v > 0, "null or a number > 0", optional=True)
-    choice(cfg, "algo.rc_method", RC_METHODS, optional=False)
-    choice(cfg, "algo.tau_rule", TAU_RULES, optional=False)
-    choice(cfg, "algo.T_mode", T_MODES, optional=False)
-    if cfg.algo.adaptive:
-        unread(cfg, "algo.tau", f"with algo.adaptive=true ({cfg.algo.name} chooses τ each round; algo=dpfl fixes it)",
-               default=1)
-    if cfg.oracle != "minibatch":
-        raise ConfigError("oracle", cfg.oracle, f"minibatch with algo={cfg.algo.name} (its batches are Poisson "
-                          "samples at algo.sample_rate)")
-    if get(cfg, "model.norm") == "batch":
-        raise ConfigError("model.norm", "batch", "group (DP-SGD's per-sample gradients are undefined with BatchNorm)")
 
 
 def validate_data(cfg: DictConfig, parts) -> None:

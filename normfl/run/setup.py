@@ -13,7 +13,6 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from normfl.algorithms.ef21 import EF21
 from normfl.config import READ_BESIDE, ConfigError, resolve_clients, validate_data
 from normfl.data import ClientData, DataNotFoundError, Preprocess, client_test_split
 from normfl.data.clients import Batches
@@ -181,9 +180,9 @@ def _takes_the_data(flat: FlatModel, xb: torch.Tensor, cfg: DictConfig) -> None:
 
 
 def one_pass_box(algo, clients: Clients) -> bool:
-    """Whether a run's round is the EF21 box (α-NormEC, Clip21) around one stacked pass of one minibatch a
-    client: what a round captured whole (``round_of``) needs."""
-    return isinstance(algo, EF21) and clients.engine.backend == "stacked" and clients.data.oracle == "minibatch"
+    """Whether a run's round is tensor work around one stacked pass of one minibatch a client (its algorithm
+    declares ``captures_round``): what a round captured whole (``round_of``) needs."""
+    return algo.captures_round and clients.engine.backend == "stacked" and clients.data.oracle == "minibatch"
 
 
 def round_of(algo, clients: Clients):

@@ -1,10 +1,11 @@
 """Runs side by side, vectorized: runs of one algorithm that differ only in scalars take each round as one.
 
-Runs of α-NormEC or Clip21 (the EF21 box), of the DP-SGD baseline, of Fed-α-NormEC or of FedAvg (one local
-gradient step), private or not, that share data, model and seed (``setup.SHARED``) and stand at the same step
-differ only in β, γ, η, α, server normalisation and the noise their privacy settings give. They step together:
+Runs of an algorithm that declares the scalars its runs may differ in (``Algorithm.scalars``: α-NormEC and
+Clip21, the DP-SGD baseline, Fed-α-NormEC and FedAvg with one local gradient step, a user's own), private or not,
+that share data, model and seed (``setup.SHARED``) and stand at the same step differ only in those scalars, Ψ's β
+and α, and the noise their privacy settings give. They step together:
 their models are one ``[R, d]`` tensor, their memories ``[R, n, d]`` and ``[R, d]``, each scalar a ``[R, 1, 1]``
-tensor where it meets the clients' rows or a ``[R, 1]`` one where it meets a model (``SCALARS``), and the
+tensor where it meets the clients' rows or a ``[R, 1]`` one where it meets a model (``Algorithm.scalars``), and the
 algorithm's box, whose clients are axis -2, runs once for all of them. Their clients' gradients come from one
 stacked pass over the R·n clients (``engine.lockstep.combined_pass``: each run's BatchNorm statistics stay its
 own), each run's noise from its own privatizer and generator; federated runs share one participation draw (their
@@ -23,38 +24,18 @@ import copy
 
 import torch
 
-from normfl.algorithms.dpsgd import DPSGDNorm
-from normfl.algorithms.ef21 import EF21
-from normfl.algorithms.fed import FedAvg, FedNormEC
 from normfl.algorithms.memory import ClientMemory
 from normfl.engine.batchnorm import ClientStats
 from normfl.engine.capture import StaticPass
 from normfl.engine.lockstep import combined_pass
 from normfl.ops import Bounding
 
-# Per box, the scalars that differ between runs and the rank of the column each becomes: 2 ([R, 1, 1]) where it
-# multiplies the clients' rows [R, n, d], 1 ([R, 1]) where it meets a model [R, d]. Ψ's β and α are always 2.
-SCALARS = {EF21: {"weight": 2, "gamma": 1, "server_norm": 1},
-           DPSGDNorm: {"gamma": 1},
-           FedNormEC: {"beta": 2, "gamma": 2, "eta": 1, "server_norm": 1},
-           FedAvg: {"gamma": 2, "eta": 1, "server_norm": 1}}
 
-
-def box_of(algo, clients) -> type | None:
-    """The box whose round runs vectorized for this run (a key of ``SCALARS``), or None: it needs the stacked
-    backend with one minibatch a client a step and, federated, one local gradient step (Fed-α-NormEC: every
-    client's memory updated each round, the memories in RAM)."""
-    if clients.engine.backend != "stacked" or clients.data.oracle != "minibatch":
-        return None
-    if isinstance(algo, EF21):
-        return EF21
-    if isinstance(algo, DPSGDNorm):
-        return DPSGDNorm
-    if not isinstance(algo, (FedNormEC, FedAvg)) or algo.local["steps"] != 1 or algo.local["operator"] != "gd":
-        return None
-    if isinstance(algo, FedNormEC) and (algo.memory_update != "all" or algo.v.on_disk):
-        return None
-    return type(algo)
+def steps_side_by_side(algo, clients) -> bool:
+    """Whether this run's round can take R runs at once: its algorithm declares the scalars they may differ in
+    (``Algorithm.scalars``), and its clients are one stacked pass of one minibatch a client a step."""
+    return (algo.scalars is not None and clients.engine.backend == "stacked"
+            and clients.data.oracle == "minibatch")
 
 
 def group_key(t) -> tuple | None:
@@ -62,10 +43,10 @@ def group_key(t) -> tuple | None:
     and who adds the noise, Ψ's kind, the participation draws and Ψ's argument (federated), and the step it
     stands at. A run audited in-band steps alone: its canaries ride on its own privatizer calls."""
     a = t.algo
-    if box_of(a, t.clients) is None or (t.audit is not None and t.audit.inband):
+    if not steps_side_by_side(a, t.clients) or (t.audit is not None and t.audit.inband):
         return None
-    return (type(a), a.private, a.noise_by, a.bounding.kind, getattr(a, "sampling", None),
-            getattr(a, "literal_psi", None), t.step)
+    return (type(a), a.private, getattr(a, "noise_by", None), getattr(getattr(a, "bounding", None), "kind", None),
+            a.sampling, getattr(a, "literal_psi", None), t.step)
 
 
 def groups(trainings: list) -> tuple[list[list], list]:
@@ -96,13 +77,14 @@ class Group:
             return torch.tensor(values, device=x0.device, dtype=dtype).view(-1, *(1,) * rank)
 
         box = copy.copy(algos[0])                        # the class and its settings; scalars and state below
-        bounds = [a.bounding for a in algos]
-        box.bounding = Bounding(bounds[0].kind, beta=column("beta", 2, bounds), alpha=column("alpha", 2, bounds))
-        for name, rank in SCALARS[box_of(algos[0], trainings[0].clients)].items():
+        if getattr(box, "bounding", None) is not None:
+            bounds = [a.bounding for a in algos]
+            box.bounding = Bounding(bounds[0].kind, beta=column("beta", 2, bounds), alpha=column("alpha", 2, bounds))
+        for name, rank in box.scalars.items():
             setattr(box, name, column(name, rank))
         for name in box.state:                           # each run's state: views of the group's
             parts = [getattr(a, name) for a in algos]
-            if isinstance(parts[0], ClientMemory):       # dense (``box_of``): its rows
+            if isinstance(parts[0], ClientMemory):       # dense (as its ``scalars`` ask): its rows
                 setattr(box, name, copy.copy(parts[0]))
                 getattr(box, name).rows = torch.stack([m.rows for m in parts])
                 for r, m in enumerate(parts):
@@ -172,6 +154,10 @@ class Group:
         """One round of every run of the group, each recorded by its own ``Training``."""
         k = self.trainings[0].step
         self.X, info = self.box.round(k, self.X, self)
+        for name in self.box.state:                      # a round may bind its state anew: each run's, a view again
+            if isinstance(whole := getattr(self.box, name), torch.Tensor):
+                for r, a in enumerate(self.algos):
+                    setattr(a, name, whole[r])
         for r, t in enumerate(self.trainings):
             t.record(self.X[r], {"loss": None if info["loss"] is None else info["loss"][r],
                                  "uploads": info["uploads"]})
