@@ -16,7 +16,8 @@ from normfl.algorithms.base import on_device
 from normfl.algorithms.memory import ClientMemory
 from normfl.engine.flat import FlatModel, memory_format, numerics, set_numerics
 from normfl.run import run
-from tests.test_stacked import MODELS, assert_same_run, config
+from tests.helpers import assert_same_run
+from tests.test_stacked import MODELS, config
 
 
 @pytest.mark.parametrize(("precision", "deterministic", "want"), [

@@ -2,7 +2,6 @@
 the same metrics and parameters as a run never interrupted; finished runs are not rerun."""
 
 import json
-import math
 import signal
 import subprocess
 import sys
@@ -12,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
-from tests.helpers import composed
+from tests.helpers import composed, resumed_equals_whole
 from tests.test_end_to_end import train as train_py
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,90 +199,10 @@ def compose_config(data_root, *overrides):
     return composed(*small, f"data_root={data_root}", *overrides)
 
 
-def trained(t, until_step=None):
-    """``t`` trained to its end, or until it has taken ``until_step`` steps."""
-    while t.active and (until_step is None or t.step < until_step):
-        t.record(*t.round(t.step, t.x, t.clients))
-    return t
-
-
-def ended(t) -> tuple:
-    summary = t.finish()
-    t.rundir.release()
-    return t, summary
-
-
-def same(a, b, where="") -> None:
-    """Equal to the bit: tensors, arrays, numbers, and containers and objects of them (by their attributes)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()), where
-    elif isinstance(a, np.ndarray):
-        assert np.array_equal(a, b), where
-    elif isinstance(a, np.random.Generator):
-        same(a.bit_generator.state, b.bit_generator.state, where)
-    elif isinstance(a, torch.Generator):
-        same(a.get_state(), b.get_state(), where)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (u, v) in enumerate(zip(a, b, strict=True)):
-            same(u, v, f"{where}[{i}]")
-    elif hasattr(a, "__dict__") and not isinstance(a, type):
-        assert type(a) is type(b), where
-        same(vars(a), vars(b), where)
-    elif isinstance(a, float) and math.isnan(a):
-        assert isinstance(b, float) and math.isnan(b), where
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
-NOT_COMPARED = ("wall_time_s", "seconds_per_round", "peak_rss_mb",
-           "data_source")                       # says whether this run copied the offline data (the first does)
-
-
-def check_resumed_equals_whole(data_root, tmp_path, overrides, kill_at=None):
-    """Train ``overrides`` whole, and again stopped after ``kill_at`` steps (default: two rounds past its last
-    checkpoint, lost as in a kill; with checkpoint_every=0, a checkpoint saved right there, as Ctrl-C does)
-    and continued from a fresh build; compare everything. Returns the resumed run's summary."""
-    from normfl import checkpoint
-    from normfl.run import start
-
-    cfg = compose_config(data_root, *overrides)
-    whole, whole_summary = ended(trained(start(cfg, tmp_path / "whole")))
-    killed = tmp_path / "killed"
-    t = start(cfg, killed)
-    every = cfg.checkpoint_every
-    trained(t, kill_at if kill_at is not None else 6 * t.setup.steps_per_round)
-    if not every:
-        t.save()                                        # Ctrl-C: a checkpoint where it stands
-    saved_at = checkpoint.load(killed, t.key)["step"]
-    assert 0 < saved_at < whole.step and t.active, (saved_at, whole.step)
-    t.rundir.release()                                  # the process ends: what it did since the checkpoint is lost
-    t = start(cfg, killed)
-    assert t.step == saved_at
-    resumed, summary = ended(trained(t))
-    a, b = (pd.read_csv(d / "metrics.csv").drop(columns="wall_time") for d in (tmp_path / "whole", killed))
-    pd.testing.assert_frame_equal(a, b, check_exact=True)
-    same(whole.x, resumed.x, "x")
-    same(whole.setup.flat.buffers(), resumed.setup.flat.buffers(), "buffers")
-    same(whole.algo.state_dict(), resumed.algo.state_dict(), "algo")
-    same(whole.clients.data.state_dict(), resumed.clients.data.state_dict(), "data")
-    if whole.audit is not None:                         # its bounds may be 0 either way at a few canaries: the scores
-        same((whole.audit.scores, whole.audit.steps), (resumed.audit.scores, resumed.audit.steps), "audit")
-    strip = lambda s: {k: v for k, v in s.items() if k not in NOT_COMPARED}   # noqa: E731
-    same(strip(whole_summary), strip(summary), "summary")
-    assert np.array_equal(np.load(tmp_path / "whole" / "params.npy"), np.load(killed / "params.npy"))
-    assert not (killed / "checkpoint.pt").exists()
-    return summary
-
-
 @pytest.mark.parametrize("case", [*EVERY_ALGO, *EVERY_MODEL])
 def test_a_run_resumed_in_process_ends_as_the_run_never_stopped(case, tmp_path, data_root):
     overrides = EVERY_ALGO.get(case) or EVERY_MODEL[case]
-    summary = check_resumed_equals_whole(data_root, tmp_path, overrides)
+    summary = resumed_equals_whole(compose_config(data_root, *overrides), tmp_path)
     if "resnet20" in case and "group" not in case:
         assert summary["privacy"] is None or summary["privacy"]["not_covered"]     # BatchNorm: buffers were compared
     if summary["algo"] in ("dpfl", "ali_dpfl"):       # the steps spent are the steps the rounds took, within budget
@@ -296,7 +214,7 @@ def test_a_run_resumed_in_process_ends_as_the_run_never_stopped(case, tmp_path, 
 @pytest.mark.parametrize("case", SPECIAL)
 def test_a_run_resumed_mid_pass_or_audited_ends_as_the_run_never_stopped(case, tmp_path, data_root):
     overrides, kill_at = SPECIAL[case]
-    summary = check_resumed_equals_whole(data_root, tmp_path, overrides, kill_at)
+    summary = resumed_equals_whole(compose_config(data_root, *overrides), tmp_path, kill_at)
     if case.startswith("audit"):
         assert summary["audit"]["steps_observed"] == summary["steps"]
 
@@ -318,5 +236,5 @@ def test_round_state_left_out_of_the_declaration_stops_the_run_before_its_first_
     said = str(err.value)
     assert f"tests.helpers.{forgetful} changed 'm' in round 1" in said and "to the class's `state`" in said
     assert not (tmp_path / "forgetful" / "checkpoint.pt").exists()
-    check_resumed_equals_whole(data_root, tmp_path / "declared",
-                               ["algo=normec", "algo._target_=tests.helpers.Momentum"])
+    resumed_equals_whole(compose_config(data_root, "algo=normec", "algo._target_=tests.helpers.Momentum"),
+                         tmp_path / "declared")

@@ -16,28 +16,15 @@ from normfl.engine.capture import StaticPass
 from normfl.engine.lockstep import Lockstep
 from normfl.engine.stacked import StackedPass
 from normfl.run import run, train_together
+from tests.helpers import assert_same_run, outputs
 from tests.test_determinism import ALGOS, BASE, EXTRA
 
 REPO = Path(__file__).resolve().parents[1]
-METRICS = ["train_loss", "test_loss", "test_acc"]
 
 
 def config(data_root, *overrides):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=[*BASE, f"data_root={data_root}", *overrides])
-
-
-def outputs(run_dir: Path):
-    return pd.read_csv(run_dir / "metrics.csv"), np.load(run_dir / "params.npy")
-
-
-def assert_same_run(a: Path, b: Path, rtol=1e-4):
-    """Metrics equal to ``rtol``; the parameter vectors within ``rtol`` of each other in norm."""
-    (ma, pa), (mb, pb) = outputs(a), outputs(b)
-    assert list(ma["round"]) == list(mb["round"])
-    for col in METRICS:
-        np.testing.assert_allclose(mb[col], ma[col], rtol=rtol, atol=1e-6, err_msg=col)
-    assert np.linalg.norm(pb - pa) <= rtol * np.linalg.norm(pa)
 
 
 # Every client operator on a model it is run with: T local GD steps on ResNet20 with GroupNorm, NFA's local

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from normfl.run import run, train_together, vectorized
-from tests.test_stacked import assert_same_run, config
+from tests.helpers import assert_same_run
+from tests.test_stacked import config
 
 GRIDS = {
     "normec": [["algo=normec", "algo.beta=0.1", "algo.gamma=0.1"],
