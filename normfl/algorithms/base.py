@@ -51,26 +51,30 @@ class Algorithm:
 
     ``setup`` builds the run's privatizer ``mech`` (``normfl.privacy.mechanisms``; None for a
     non-private run), from which the noise column, ``spent`` and the summary's privacy block all come.
-    ``state`` names the attributes a round changes: a checkpoint saves and restores exactly those. ``scratch``
-    names those a round may change that a checkpoint need not keep, being remade from the seed or within each
-    round; a run stops in its first rounds if any other attribute changes (``checkpoint.StateWatch``).
+
+    What the rest of normfl knows of an algorithm it reads from the declarations below, each with a default a
+    subclass overrides (docs/own-algorithm.md); nothing outside ``normfl/algorithms`` names an algorithm.
     """
 
-    state: tuple[str, ...] = ()
-    scratch: tuple[str, ...] = ("generator",)      # Streams: reseeded from (seed, stream, round) at every call
-    # What the rest of normfl reads from the class before it is built (the config's checks):
+    # -- round state: what a checkpoint keeps (``checkpoint.StateWatch`` stops a run in its first rounds if a
+    # round changes an attribute named in neither)
+    state: tuple[str, ...] = ()                    # the attributes a round changes: saved and restored exactly
+    scratch: tuple[str, ...] = ("generator",)      # changed but remade (Streams: reseeded from (seed, stream, round))
+    # -- read from the class, before a run is built (the config's checks)
     own_noise: str | None = None       # why it sizes its noise itself (then a run reads privacy.epsilon and delta
                                        # alone); None: the privacy node's calibration sizes it
     own_round: str | None = None       # why its paper's round is not a step (then reading=pass is refused)
     canaries: bool = False             # whether its privatizer has a canary audit (normfl.privacy.audit.canaries;
                                        # needs ``mech`` a Gaussian and ``bounding``, the Ψ its releases go through)
     poisson_batches: bool = False      # whether its clients draw Poisson batches instead of batch_size minibatches
-    # What the runner reads from a built run:
+    # -- read from a built run
     scalars: dict[str, int] | None = None   # the attributes runs may differ in and still take their rounds as one
     # (``run.vectorized``: each becomes a column, rank 2 ([R, 1, 1]) where it meets the clients' rows [R, n, d], 1
     # ([R, 1]) where it meets a model [R, d]; Ψ's β and α come along); None: its runs step alone
     captures_round: bool = False       # its round is one ``clients.grads(x)`` then tensor work with no host
     # sync: on static buffers it is replayed whole from a CUDA graph (``engine.capture.CapturedRound``)
+    sampling: Participation | None = None   # who takes part in a round (None: every client, every round)
+    bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
 
     @classmethod
     def adds_noise(cls, node) -> bool:
@@ -82,8 +86,6 @@ class Algorithm:
         """Refuse a bad value of this algorithm's keys before any work starts. ``rules`` is
         ``normfl.config.checks``: ``rules.number(cfg, "algo.KEY", ok, allowed)``, ``rules.choice`` and
         ``rules.unread`` raise ``ConfigError`` naming the key, its value and what is allowed."""
-    sampling: Participation | None = None   # who takes part in a round (None: every client, every round)
-    bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
 
     def __init__(self, private: bool = False, name: str = ""):
         self.private, self.name = bool(private), name or type(self).__name__
