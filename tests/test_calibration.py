@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 from dp_accounting import pld, rdp
 
+from normfl.config.keys import algorithm
 from normfl.privacy import certified
 from normfl.run import run
 from tests.helpers import composed
@@ -79,6 +80,14 @@ CASES = {
 }
 READINGS = ("text", "pass")
 RUNS = [pytest.param(name, reading, id=f"{name}-{reading}") for name in CASES for reading in READINGS]
+
+
+def test_every_algorithm_the_privacy_node_calibrates_has_a_case():
+    """An algorithm config added to conf/algo whose noise the privacy node sizes (no ``own_noise``) is missed by
+    no case here."""
+    calibrated = {cls for path in (REPO / "conf" / "algo").glob("*.yaml")
+                  for cls in [algorithm(composed(f"algo={path.stem}"))] if not cls.own_noise}
+    assert calibrated == {algorithm(composed(*case.overrides)) for case in CASES.values()}
 
 
 def config(data_root, *overrides):

@@ -193,6 +193,10 @@ SPECIAL = {
 }
 
 
+def test_every_algorithm_config_has_a_case():
+    assert set(EVERY_ALGO) == {path.stem for path in (REPO / "conf" / "algo").glob("*.yaml")}
+
+
 def compose_config(data_root, *overrides):
     given = {o.split("=", 1)[0] for o in overrides}
     small = [f"{k}={v}" for k, v in SMALL.items() if k not in given]
