@@ -7,17 +7,18 @@ import math
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from normfl.config.keys import CONF, get, option_file
+from normfl.config.keys import CONF, constructor_defaults, get, option_file
 from normfl.errors import ConfigError
 
 
 def unread(cfg: DictConfig, key: str, why: str, default=KeyError) -> None:
     """Refuse ``key`` where the run would not read it, unless it keeps its default: ``default``, else the value in
-    the file of the group's option (algo: ``algo.name``; dataset: the file of the same loader)."""
+    the file of the group's option (algo: ``algo.name``, or for an algorithm whose file is not normfl's, its
+    constructor's default; dataset: the file of the same loader)."""
     group, _, leaf = key.partition(".")
     if default is KeyError:
         if group == "algo":
-            given = option_file("algo", cfg.algo.name)
+            given = option_file("algo", cfg.algo.name) or constructor_defaults(str(get(cfg, "algo._target_")))
         else:
             files = [option_file(group, f.stem) for f in sorted((CONF / group).glob("*.yaml"))]
             given = next((o for o in files if o.get("_target_") == get(cfg, f"{group}._target_")), {})

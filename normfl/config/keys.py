@@ -35,6 +35,20 @@ def accepted_keys(target: str, given=()) -> list[str]:
     return sorted(keys - {"self", *given})
 
 
+def constructor_defaults(target: str) -> dict:
+    """The default of each argument ``target``'s constructor (or function) gives one, as ``accepted_keys`` finds
+    them; empty where ``target`` does not import."""
+    try:
+        obj = get_object(target)
+    except Exception:
+        return {}
+    found = {}
+    for fn in reversed([c.__init__ for c in obj.__mro__ if "__init__" in vars(c)] if isinstance(obj, type) else [obj]):
+        found.update({p.name: p.default for p in inspect.signature(fn).parameters.values()
+                      if p.default is not p.empty})
+    return found
+
+
 def algorithm(cfg: DictConfig) -> type:
     """The class ``algo._target_`` names, whose declarations the checks read (``normfl.algorithms.base.Algorithm``:
     ``own_noise``, ``own_round``, ``canaries``, ``adds_noise``); Algorithm's defaults where it names none that
