@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from bench import SETTINGS  # noqa: E402
+from benchmarks.settings import SETTINGS  # noqa: E402
 
 from normfl.run import build, vectorized  # noqa: E402
 from normfl.run import start as start_run  # noqa: E402

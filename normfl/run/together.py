@@ -12,7 +12,8 @@ from normfl.engine.lockstep import Lockstep
 from normfl.results import record_failure
 from normfl.run import vectorized
 from normfl.run.setup import shared_key
-from normfl.run.training import INPUT_ERRORS, Interrupts, Training, start
+from normfl.run.signals import Interrupts
+from normfl.run.training import INPUT_ERRORS, Training, start
 
 log = logging.getLogger("normfl")
 

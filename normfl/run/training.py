@@ -1,17 +1,11 @@
-"""One run from its first round, or its checkpoint, to its summary, and how a run's records are kept."""
+"""One run from its first round, or its checkpoint, to its summary, and how a run's records are kept. Beside it:
+``signals`` (Ctrl-C and SIGTERM while it trains), ``provenance`` (where and on what it ran) and
+``privacy_report`` (its privacy cautions, its summary's privacy block, the warning above privacy.epsilon)."""
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import logging
 import math
-import os
-import platform
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,17 +14,21 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-import normfl
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, resolve_clients, validate
 from normfl.data import label_histogram_csv
-from normfl.engine.batchnorm import tracked
-from normfl.engine.flat import device_name, numerics
+from normfl.engine.flat import numerics
 from normfl.ops import EVALUATION, round_generator
-from normfl.privacy import Ledger, certified
+from normfl.privacy import certified
 from normfl.results import Recorder, finished
+from normfl.run.privacy_report import cautions, planned_spent, summary_block, warn_above_target
+from normfl.run.privacy_report import weak_delta as weak_delta  # re-exported: tests import it from here
+from normfl.run.provenance import peak_rss_mb, where
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build, round_of
+from normfl.run.signals import Interrupts
+from normfl.run.signals import Stopped as Stopped  # re-exported: run.cli and tests import them from here
+from normfl.run.signals import signal_name as signal_name
 from normfl.syncs import reading
 
 log = logging.getLogger("normfl")
@@ -86,42 +84,15 @@ class Training:
         self.active = self.k < cfg.rounds
         self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
                         dynamic_ncols=True)
-        self.uncovered = uncovered(flat.module) if self.algo.private else None
-        self.weak_delta = weak_delta(self.algo.mech.unit, self.algo.privacy.delta, setup.parts) \
-            if self.algo.private else None
-        self.not_certified = self.algo.not_certified() if self.algo.private else []
-        for caution in filter(None, (self.uncovered, self.weak_delta)):
-            log.warning("privacy: %s", caution)
-        for why in self.not_certified:
-            log.warning("privacy: the ε this run reports is not a certificate: %s", why)
+        self.uncovered, self.weak_delta, self.not_certified = cautions(self.algo, flat.module, setup.parts)
         if self.algo.private:                                # said before the first round, and again at the end
             releases = self.algo.planned_releases(cfg.rounds * setup.steps_per_round)
             self.warn_privacy(planned_spent(self.algo.ledger, releases, self.algo.privacy.epsilon), ahead=True)
 
     def warn_privacy(self, spent: dict, ahead: bool) -> None:
-        """A warning, on the console and in the log, when the run certifies (or, ``not_certified``, claims)
-        more than privacy.epsilon: ``ahead`` before its first round, else at its end."""
-        verb = {(True, False): "will certify", (False, False): "certifies",
-                (True, True): "will claim", (False, True): "claims"}[ahead, bool(self.not_certified)]
-        eps, by = certified(spent)
-        target = self.algo.privacy.epsilon
-        if eps is None or eps <= target:
-            return
-        if self.cfg.privacy.get("noise_multiplier_override") is not None:
-            why = (f"privacy.noise_multiplier_override={self.cfg.privacy.noise_multiplier_override} sets the noise "
-                   "instead of privacy.epsilon (null: the noise privacy.calibration gives)")
-        elif self.cfg.algo.get("scope") == "per_round":
-            why = "algo.scope=per_round makes privacy.epsilon each message's ε, not the whole run's"
-        elif self.cfg.algo.get("rc_override") is not None:
-            why = (f"algo.rc_override={self.cfg.algo.rc_override} takes more DP-SGD steps than privacy.epsilon "
-                   "supports (null: the steps it supports)")
-        elif self.cfg.privacy.calibration == "paper" and by != "composed":
-            why = ("the papers' noise rule is a heuristic; privacy.calibration=accountant accountant=pld calibrates "
-                   "the noise to privacy.epsilon")
-        else:
-            why = "see the privacy block of summary.json"
-        log.warning("privacy: this run %s ε = %.4g (%s, δ = %g), above privacy.epsilon = %g: %s", verb, eps, by,
-                    self.algo.privacy.delta, target, why)
+        """A warning when the run certifies (or claims) more than privacy.epsilon: ``ahead`` before its first
+        round, else at its end (``privacy_report.warn_above_target``)."""
+        warn_above_target(self.cfg, self.algo, self.not_certified, spent, ahead)
 
     def save(self) -> None:
         """A checkpoint of the run as it stands after its last step (none if reading its rows shows that it
@@ -225,10 +196,7 @@ class Training:
             with open(tmp, "wb") as fh:
                 np.save(fh, x.cpu().numpy())
             tmp.replace(self.out_dir / "params.npy")
-        privacy = {**self.algo.privacy_report(self.step), "not_covered": self.uncovered,
-                   **({"weak_delta": self.weak_delta} if self.weak_delta else {}),
-                   **({"not_certified": self.not_certified} if self.not_certified else {})} \
-            if self.algo.private else None
+        privacy = summary_block(self.algo, self.step, self.uncovered, self.weak_delta, self.not_certified)
         audit = self.audit.result(certified(privacy)[0], self.algo.privacy.delta) if self.audit is not None else None
         summary = self.rec.summary({
             "status": self.status, "config_key": self.key, "profile": cfg.profile, "algo": cfg.algo.name,
@@ -253,40 +221,6 @@ class Training:
         if self.algo.private:
             self.warn_privacy(summary["privacy"], ahead=False)
         return summary
-
-
-def uncovered(module) -> str | None:
-    """What a private run's certificate does not cover in its model, or None: BatchNorm's running statistics,
-    which the clients' batches update and the evaluated model carries, with no noise and no bound."""
-    if not tracked(module):
-        return None
-    return ("the model's BatchNorm running statistics are updated from the clients' batches and enter the "
-            "global model without noise: no certificate covers them, and a canary on the parameters cannot see "
-            "them (model.norm=group avoids them)")
-
-
-def weak_delta(unit: str, delta: float, parts: list) -> str | None:
-    """A caution, or None, when δ is not small against the N units a certificate protects (the clients, or the
-    samples of the smallest client's data): publishing each unit outright with probability δ is (0, δ)-DP, so
-    with δ ≥ 1/N a certificate allows about δN ≥ 1 units published whole."""
-    n = len(parts) if unit == "client" else min(map(len, parts))
-    if delta * n < 1:
-        return None
-    units = f"{n} clients" if unit == "client" else f"{n} samples of the smallest client's data"
-    return (f"privacy.delta={delta:g} is at least 1/N for the N = {units} it protects: publishing each of them "
-            "whole with probability δ meets (ε, δ) for any ε, so the certificate allows that; choose δ well "
-            "below 1/N")
-
-
-def planned_spent(ledger, releases: int, target: float) -> dict:
-    """ε after a run's ``releases`` by its ledger, for the warning before its first round. A dp-accounting
-    ledger asks RDP first, and PLD (slow for small noise) only where it could decide whether the run exceeds
-    ``target``: not where RDP certifies the target already, nor four times above it, a gap the two accountants
-    do not show in practice (in docs/privacy-table.md PLD is 0.91-0.96 times RDP)."""
-    if not isinstance(ledger, Ledger):
-        return ledger.spent(releases)
-    rdp = ledger.spent(releases, ("rdp",))
-    return rdp if rdp["rdp"] is not None and not target < rdp["rdp"] < 4 * target else ledger.spent(releases)
 
 
 def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: bool | None = None,
@@ -342,97 +276,6 @@ def run(cfg: DictConfig, out_dir: Path, stop_asked=None, **kw) -> dict:
         t.rundir.release()
 
 
-class Stopped(KeyboardInterrupt):
-    """Runs stopped by a signal after saving their checkpoints; the process ends with 128 + ``signum``."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def signal_name(signum: int) -> str:
-    """A signal as a message names it: Ctrl-C for SIGINT."""
-    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
-class Interrupts:
-    """A signal to stop while runs train: the first asks them to stop after the step under way, so that
-    they save a checkpoint where they stand (``asked``); a second stops at once. Signals taken:
-
-    - Ctrl-C (SIGINT), always, and SIGTERM where its default action is in force (a scheduler's or a
-      container's stop, ``kill``): the process then ends with ``Stopped`` (exit 130 or 143);
-    - a scheduler's warning that the job is about to be preempted or timed out, where a handler is
-      already set for it: submitit's signal (SIGUSR2, or ``$SUBMITIT_PREEMPT_SIGNAL``), under Hydra's
-      SLURM launcher. After the checkpoint, that handler runs (submitit requeues the job and exits), so the
-      requeued job resumes from where the signal came, not from its last ``checkpoint_every``. submitit's
-      own SIGTERM handler (it ignores SIGTERM) is left alone.
-
-    Only the main thread receives signals, so elsewhere they act as they always do. A joblib sweep's worker
-    holds them blocked between runs (``run.cli.SweepStop``); they are unblocked here while it trains. A signal
-    that reached only the sweep's own process (``kill <pid>``, a container's stop) comes as ``stop_asked``: a
-    callable giving the signal that asked the sweep to stop, or None, read after a step at most once a second."""
-
-    POLL_S = 1.0
-
-    def __init__(self, stop_asked=None):
-        self.stop_asked, self.polled = stop_asked, -math.inf
-
-    def __enter__(self):
-        self.asked, self.previous, self.handover, self.mask = None, {}, set(), None
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        wanted = [signal.SIGINT]
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            wanted.append(signal.SIGTERM)
-        preempt = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
-        if preempt is not None and callable(signal.getsignal(preempt)):
-            self.handover.add(preempt)
-            wanted.append(preempt)
-        for signum in dict.fromkeys(wanted):
-            self.previous[signum] = signal.signal(signum, self._handle)
-        if hasattr(signal, "pthread_sigmask"):
-            self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self.previous)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.asked is not None:
-            return self._stop(signum, frame)
-        self.asked = (signum, frame)
-        name = signal_name(signum)
-        said = "" if signum == signal.SIGINT else f"{name}: "
-        print(f"\nnormfl: {said}stopping after this step to save a checkpoint ({name} again stops at once)",
-              file=sys.stderr)
-
-    def _stop(self, signum, frame) -> None:
-        if signum in self.handover:          # the scheduler's handler: submitit requeues the job and exits
-            self.previous[signum](signum, frame)
-        else:
-            raise Stopped(signum)
-
-    def stop_if_asked(self, trainings: list[Training]) -> None:
-        """After a step: if a signal came while runs are still going, each saves a checkpoint, and all stop (runs
-        that have just ended finish as usual)."""
-        going = [t for t in trainings if t.active]
-        if self.asked is None and self.stop_asked is not None and time.monotonic() - self.polled >= self.POLL_S:
-            self.polled = time.monotonic()
-            if (signum := self.stop_asked()) is not None:
-                self._handle(signum, None)
-        if self.asked and going:
-            (signum, frame), self.asked = self.asked, None
-            for t in going:
-                t.save()
-                if signum in self.handover:
-                    print(f"normfl: checkpoint saved at step {t.step} in {t.out_dir}; the scheduler's handler of "
-                          f"{signal.Signals(signum).name} takes over (submitit: requeue)", file=sys.stderr)
-            self._stop(signum, frame)        # a handler that returns (submitit on a rank other than 0): go on
-
-    def __exit__(self, *exc) -> None:
-        if self.mask is not None:                    # blocked again first: one arriving now waits for the next run
-            signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
-        for signum, previous in self.previous.items():
-            signal.signal(signum, previous)
-
-
 def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, round_: int):
     """⌊fraction·|test|⌋ test samples drawn without replacement, afresh for each (seed, round). The ALI-DPFL
     authors' server scores each round on a fresh random 20% of its test set (XinpengLing/ALI-DPFL,
@@ -441,41 +284,3 @@ def eval_subset(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, ro
     idx = torch.randperm(len(y), generator=round_generator(seed, EVALUATION, round_, "cpu"))
     idx = idx[:max(1, int(fraction * len(y)))].sort().values.to(x.device)
     return x[idx], y[idx]
-
-
-def where(device: torch.device) -> dict:
-    """Where a run ran, for its summary: the device's name, the versions of what computed it (torch, CUDA,
-    cuDNN and the libraries its numbers depend on) and the commit of normfl's checkout (``-dirty`` with
-    uncommitted changes; None outside a git checkout)."""
-    cuda = device.type == "cuda"
-    versions = {"normfl": normfl.__version__, "torch": torch.__version__, "python": platform.python_version(),
-                "cuda": torch.version.cuda if cuda else None, "cudnn": torch.backends.cudnn.version() if cuda else None}
-    for package in ("torchvision", "numpy", "dp-accounting", "hydra-core", "omegaconf"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    return {"device_name": device_name(device), "versions": versions, "commit": commit()}
-
-
-@functools.cache
-def commit() -> str | None:
-    root = Path(normfl.__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("-dirty" if dirty else "")
-
-
-def peak_rss_mb() -> float | None:
-    """The process's peak resident memory so far, in MiB (None where the OS does not say)."""
-    try:
-        import resource
-    except ImportError:                      # Windows
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss       # KiB on Linux, bytes on macOS
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
