@@ -19,7 +19,7 @@ IDS := normec-f1 normec-f2 normec-f3 normec-f4 normec-f5 normec-f6 normec-f7 \
        normfedavg-t4 normfedavg-f3 normfedavg-t5 normfedavg-f4 normfedavg-t6 normfedavg-f5
 REPRODUCE := $(BIN)/python -m normfl.reproduce
 
-.PHONY: install lock run test lint campaign verify bench gpu-check scale privacy-table audit clean figures report all-figures alidpfl-readings noise-readings $(IDS)
+.PHONY: install lock run test test-quick lint campaign verify bench gpu-check scale privacy-table audit clean figures report all-figures alidpfl-readings noise-readings $(IDS)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,8 +43,12 @@ run: $(STAMP)              ## the main job: NORMEC's default setup, the paper's 
 test: $(STAMP)             ## the test suite (real data slices from the offline copies, `offline_data`), two processes
 	$(BIN)/python -m pytest -q -n 2 $(ARGS)
 
-lint: $(STAMP)
+test-quick: $(STAMP)       ## the tests a developer runs while working: all but those marked slow, two processes (under a minute)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" $(ARGS)
+
+lint: $(STAMP)             ## ruff, and the layers of normfl (pyproject.toml's [tool.importlinter]: docs/architecture.md)
 	$(BIN)/ruff check normfl tests scripts train.py
+	$(BIN)/lint-imports
 
 bench: $(STAMP)            ## round time of settings A-D against the compute floor and paper-style code
 	$(BIN)/python scripts/bench.py $(ARGS)

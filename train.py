@@ -35,5 +35,5 @@ if __name__ == "__main__":
     try:
         with hydra_errors(sys.argv[1:]):
             main()
-    except KeyboardInterrupt as stop:     # a sweep stopped at once (normfl.run.cli.SweepStop), or Ctrl-C before a run
+    except KeyboardInterrupt as stop:     # a sweep stopped at once (normfl.run.sweep.SweepStop), or Ctrl-C before a run
         sys.exit(128 + getattr(stop, "signum", signal.SIGINT))

@@ -1,4 +1,5 @@
-"""Run outputs: a tidy per-round table, a summary, and optional W&B logging.
+"""Run outputs: a tidy per-round table, a summary, and optional W&B logging; and where a reader finds a run's
+config and table, in its run directory or in its committed record.
 
 Every file is written atomically (temporary file, then rename), so a reader never sees half a file.
 """
@@ -133,6 +134,21 @@ def finished(out_dir: Path, key: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return summary if summary.get("config_key") == key and summary.get("status") in FINISHED else None
+
+
+RECORD_METRICS = "metrics.csv.xz"           # a committed record's per-round table (normfl.reproduce.records)
+
+
+def config_file(run_dir: Path) -> Path:
+    """A run's config: a record's ``config.yaml``, else a run directory's ``.hydra/config.yaml``."""
+    run_dir = Path(run_dir)
+    return run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else run_dir / ".hydra" / "config.yaml"
+
+
+def metrics_file(run_dir: Path) -> Path:
+    """A run's per-round table: a run directory's ``metrics.csv``, else a record's ``metrics.csv.xz``."""
+    plain = Path(run_dir) / "metrics.csv"
+    return plain if plain.is_file() else Path(run_dir) / RECORD_METRICS
 
 
 def shown(path) -> str:

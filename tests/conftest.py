@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
 # Runs a test finishes through the reproduction driver are recorded apart from the committed records
 os.environ.setdefault("NORMFL_RECORDS", tempfile.mkdtemp(prefix="normfl-test-records-"))
 # The CPU suite computes on the CPU on a GPU machine too: device=auto reads $NORMFL_DEVICE (subprocesses
@@ -17,7 +16,7 @@ os.environ["NORMFL_DEVICE"] = os.environ.get("NORMFL_TEST_DEVICE", "cpu")
 # two cores, and their runs at torch's default of a thread per core oversubscribe them, where OpenMP's waiting
 # threads spin (the end-to-end and resume tests took 16-19% longer that way). A run's `threads=` still wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-OFFLINE = Path(os.environ.get("NORMFL_OFFLINE_DATA", REPO.parent / "shared" / "data"))
+from tests.helpers import OFFLINE  # noqa: E402  (the helpers load torch: after the environment above)
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,7 @@ def test_no_noise_is_infinite_and_replace_costs_more():
     assert GaussianRelease(2.0, 0.5, True, "replace").epsilon(300, 1e-5, "rdp") is None   # not supported
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("acc, q, amp", [("rdp", 1.0, False), ("pld", 1.0, False), ("pld", 0.25, True),
                                          ("rdp", 0.5, True)])
 def test_calibration_round_trip(acc, q, amp, monkeypatch, tmp_path):
@@ -54,6 +55,7 @@ def test_calibration_round_trip(acc, q, amp, monkeypatch, tmp_path):
     assert (tmp_path / "calibration.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("acc, q, amp, relation", [("rdp", 1.0, False, "add_remove"), ("pld", 1.0, False, "add_remove"),
                                                    ("pld", 0.25, True, "replace"), ("rdp", 0.5, True, "add_remove")])
 def test_calibrated_noise_never_certifies_more_than_the_target(acc, q, amp, relation, monkeypatch, tmp_path):
@@ -100,6 +102,7 @@ def test_partial_participation_charges_every_round_unless_amplification_is_claim
     assert spent[True] == pytest.approx(sampled, rel=1e-3) and spent[True] < spent[False] / 5
 
 
+@pytest.mark.slow
 def test_pld_calibrates_where_the_ledger_and_the_accountant_differ_by_more_than_a_percent(monkeypatch, tmp_path):
     """ε = 0.5 over 3,000 releases: at the accountant's σ (389.0) the ledger's self-composed PLD said 0.5013, 1.4 %
     above, past the 1 % the first search walks, and the run failed with a ValueError. Now σ keeps rising until

@@ -6,24 +6,9 @@ import torch
 from normfl.algorithms import Clip21, DPSGDNorm, NormEC
 from normfl.ops import norm_alpha
 from normfl.privacy import Privacy
+from tests.helpers import Quadratic
 
 NOPRIV = Privacy()
-
-
-class Quadratic:
-    """Clients with f_i(x) = ½ ||x - b_i||², so ∇f_i(x) = x - b_i (x of shape [d] or [n, d])."""
-
-    side_by_side = False                                    # clients one at a time, as the sequential backend
-
-    def __init__(self, centers, noise=0.0, seed=0):
-        self.centers, self.noise = centers, noise
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def grads(self, x, batches=None, ids=None):
-        G = x - (self.centers if ids is None else self.centers[ids])
-        if self.noise:                                      # stochastic: fresh every call
-            G = G + self.noise * torch.randn(G.shape, generator=self.gen, dtype=G.dtype)
-        return G, 0.5 * (G ** 2).sum(1)
 
 
 def quadratic(centers):

@@ -3,10 +3,6 @@ of each says of its ε and of the rounds that admit no τ."""
 
 import json
 import logging
-import subprocess
-import sys
-from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -18,59 +14,23 @@ from normfl.config import ConfigError, validate
 from normfl.ops import round_generator
 from normfl.privacy import Privacy
 from normfl.privacy.sgm import paper_epsilon
-from tests.helpers import composed
-from tests.test_collect import rows
-from tests.test_config import cfg_with
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-class Clients:
-    """n clients whose clipped per-sample sums pull client i towards b_i (its batch: 5 samples of 1 feature)."""
-
-    def __init__(self, centers, sizes):
-        self.centers = centers
-        self.data = SimpleNamespace(parts=[range(s) for s in sizes])
-        self.steps = 0
-
-    def clipped_grad_sums(self, W, rate, clip):
-        self.steps += 1
-        G = torch.clamp(W - self.centers, -clip, clip)                      # a bounded "gradient sum"
-        batches = [(torch.zeros(5, 1), torch.zeros(5, dtype=torch.long), 1.0) for _ in self.centers]
-        return G, 0.5 * ((W - self.centers) ** 2).sum(1), batches
-
-    def grads(self, X, batches):
-        G = X - self.centers[: len(batches)]
-        return G, 0.5 * (G ** 2).sum(-1)
-
-
-def run(algo, rounds, epsilon, n=3, sizes=None, seed=0):
-    centers = torch.arange(n * 2, dtype=torch.float64).reshape(n, 2)
-    clients = Clients(centers, sizes or [100] * n)
-    algo.setup(torch.zeros(2, dtype=torch.float64), n, rounds, Privacy(epsilon=epsilon, delta=1e-5), seed)
-    x, infos = torch.zeros(2, dtype=torch.float64), []
-    for k in range(rounds):
-        x, info = algo.round(k, x, clients)
-        infos.append(info)
-        if info["done"]:
-            break
-    return x, infos, clients
+from tests.helpers import DPSGDClients, composed, rows, run_dpfl, train
 
 
 @pytest.mark.parametrize("tau", [1, 3, 5])
 def test_fixed_tau_runs_min_of_rs_and_rc_over_tau_rounds(tau):
     # ε = 1.55 supports R_c = 79 steps (reading C-A9); R_s = 200 > 79 / τ
-    _, infos, clients = run(DPFL(tau=tau, sigma=1.1), 200, 1.55)
+    _, infos, clients = run_dpfl(DPFL(tau=tau, sigma=1.1), 200, 1.55)
     assert len(infos) == min(200, 79 // tau) and all(i["tau"] == tau for i in infos)
     assert infos[-1]["steps_total"] == tau * (79 // tau) and clients.steps == tau * (79 // tau) * 1
-    _, infos, _ = run(DPFL(tau=tau, sigma=1.1), 10, 1.55)                                    # R_s binds
+    _, infos, _ = run_dpfl(DPFL(tau=tau, sigma=1.1), 10, 1.55)                               # R_s binds
     assert len(infos) == 10 and not infos[-1]["done"]
 
 
 def test_adaptive_never_overspends_and_uses_the_whole_budget():
     """With rc_method=exact the paper's ε stays within the budget after every round; τ_k fills the rest."""
     algo = DPFL(adaptive=True, rc_method="exact", sigma=1.1)
-    _, infos, _ = run(algo, 60, 1.75)                                                        # R_c = 174 steps
+    _, infos, _ = run_dpfl(algo, 60, 1.75)                                                   # R_c = 174 steps
     steps = [i["steps_total"] for i in infos]
     assert all(paper_epsilon(s, 0.015, 1.1, 1e-5) <= 1.75 for s in steps)
     assert steps[-1] == algo.R_c == 174 or len(infos) == 60
@@ -82,18 +42,18 @@ def test_condition_one_keeps_tau_at_one_and_estimates_nothing(monkeypatch):
     """R_s >= R_c: T(τ) = R_c for every τ, so G is smallest at τ = 1 (ALI Sec. VI-B; reading C-A2). No round
     then estimates ρ, β, ξ: on CIFAR-10 those two gradient passes a round were 40% of a round's time. Under
     Condition II (R_s = 40 < 79) every round does, with two passes."""
-    calls, grads = [], Clients.grads
-    monkeypatch.setattr(Clients, "grads", lambda self, X, b: calls.append(1) or grads(self, X, b))
+    calls, grads = [], DPSGDClients.grads
+    monkeypatch.setattr(DPSGDClients, "grads", lambda self, X, b: calls.append(1) or grads(self, X, b))
     algo = DPFL(adaptive=True, sigma=1.1)
-    _, infos, _ = run(algo, 200, 1.55)
+    _, infos, _ = run_dpfl(algo, 200, 1.55)
     assert {i["tau"] for i in infos} == {1} and len(infos) == 79 and calls == []
-    _, infos, _ = run(DPFL(adaptive=True, sigma=1.1), 40, 1.55)
+    _, infos, _ = run_dpfl(DPFL(adaptive=True, sigma=1.1), 40, 1.55)
     assert len(calls) == 2 * len(infos) == 80
 
 
 def test_one_dpsgd_step_and_size_weighted_average_by_hand():
     algo = DPFL(tau=1, lr=0.5, sigma=1.1, clip=100.0, sample_rate=0.5, rc_override=10)
-    x1, _, _ = run(algo, 1, 1.55, n=2, sizes=[100, 300])
+    x1, _, _ = run_dpfl(algo, 1, 1.55, n=2, sizes=[100, 300])
     # client i: w_i = 0 - η (clip(0 - b_i) + σ C z_i) / B_i, B_i = 0.5 |D_i|; server: weights 1/4, 3/4
     b = torch.tensor([[0.0, 1.0], [2.0, 3.0]], dtype=torch.float64)
     z = torch.randn(2, 2, generator=round_generator(0, 2, 0, None), dtype=torch.float64)
@@ -115,7 +75,7 @@ def test_budget_smaller_than_tau_is_refused():
 ])
 def test_bad_dpfl_settings_are_refused(overrides, key):
     with pytest.raises(ConfigError) as err:
-        validate(cfg_with("experiment=alidpfl_fmnist", *overrides))
+        validate(composed("experiment=alidpfl_fmnist", *overrides))
     assert err.value.key == key
 
 
@@ -131,9 +91,9 @@ def test_closed_form_takes_the_codes_estimates(monkeypatch):
     monkeypatch.setattr(ali, "local_dpsgd", lambda *args: steps.append(local(*args)) or steps[-1])
     centers = torch.arange(6, dtype=torch.float64).reshape(3, 2)
     loss = lambda X: 1.5 * ((X - centers) ** 2).sum(-1)                      # noqa: E731 F_i, ∇F_i = 3(X − b_i):
-    monkeypatch.setattr(Clients, "grads", lambda self, X, batches: (3 * (X - centers), loss(X)))  # Δ∇F = 3Δw
+    monkeypatch.setattr(DPSGDClients, "grads", lambda self, X, batches: (3 * (X - centers), loss(X)))  # Δ∇F = 3Δw
     algo = DPFL(adaptive=True, tau_rule="closed_form_code", divisor=64, sigma=1.1, rc_override=50)
-    run(algo, 3, 1.55, sizes=[100, 70, 90])
+    run_dpfl(algo, 3, 1.55, sizes=[100, 70, 90])
     assert algo.selector.batch_hat == 1 and len(seen) == 3                   # ⌊0.015·70⌋, not the divisor 64
     for (_, step_norms, _, loss_diffs), (W, _, _, before) in zip(seen, steps, strict=True):
         assert step_norms == pytest.approx(torch.linalg.vector_norm(W - before, dim=1).tolist())
@@ -145,7 +105,7 @@ def test_a_fixed_tau_run_accepts_the_tau_rule_unread_and_its_key_leaves_it_out()
     from normfl.config import config_key
 
     def key(*overrides):
-        cfg = cfg_with("experiment=alidpfl_fmnist", *overrides)
+        cfg = composed("experiment=alidpfl_fmnist", *overrides)
         validate(cfg)
         return config_key(cfg)
 
@@ -153,7 +113,7 @@ def test_a_fixed_tau_run_accepts_the_tau_rule_unread_and_its_key_leaves_it_out()
     assert key("algo=ali_dpfl", "algo.tau_rule=closed_form_code") != key("algo=ali_dpfl")
     assert key("algo=dpfl", "algo.tau=3") != key("algo=dpfl")
     for algo in ("algo=dpfl", "algo=ali_dpfl"):
-        cfg = cfg_with("experiment=alidpfl_authors_code", algo)
+        cfg = composed("experiment=alidpfl_authors_code", algo)
         validate(cfg)
         assert cfg.algo.tau_rule == "closed_form_code"
 
@@ -162,10 +122,10 @@ def test_an_adaptive_tau_makes_the_epsilon_a_claim_and_fixed_tau_a_certificate()
     """ALI-DPFL under Condition II (R_s < R_c) picks τ from un-noised estimates: its ε is a claim. Fixed τ, and
     Condition I (τ* ≡ 1, nothing estimated), release the DP-SGD steps only."""
     for algo, rounds in ((DPFL(tau=2, sigma=1.1), 40), (DPFL(adaptive=True, sigma=1.1), 200)):      # R_c = 79
-        run(algo, rounds, 1.55)
+        run_dpfl(algo, rounds, 1.55)
         assert algo.not_certified() == []
     algo = DPFL(adaptive=True, sigma=1.1)
-    run(algo, 40, 1.55)
+    run_dpfl(algo, 40, 1.55)
     assert len(algo.not_certified()) == 1 and "without noise" in algo.not_certified()[0]
 
 
@@ -174,7 +134,7 @@ def test_a_tau_that_cannot_be_chosen_is_one_warning_at_the_end_and_its_rounds_on
     when the run ends, with the count; the estimates, computed without noise, only at DEBUG."""
     caplog.set_level(logging.INFO)
     algo = DPFL(adaptive=True, sigma=1.1, lr=3.0)
-    _, infos, _ = run(algo, 40, 1.55)
+    _, infos, _ = run_dpfl(algo, 40, 1.55)
     said = [r for r in caplog.records if r.name == "normfl.algorithms.alidpfl"]
     assert len(infos) == 40 and {i["tau"] for i in infos} == {1}
     assert algo.privacy_extra(40)["tau_infeasible_rounds"] == 40
@@ -182,18 +142,18 @@ def test_a_tau_that_cannot_be_chosen_is_one_warning_at_the_end_and_its_rounds_on
     assert "When τ* cannot be chosen" in said[0].message and "rho=" not in caplog.text
     caplog.clear()
     caplog.set_level(logging.DEBUG, logger="normfl.algorithms.alidpfl")
-    run(DPFL(adaptive=True, sigma=1.1, lr=3.0), 40, 1.55)
+    run_dpfl(DPFL(adaptive=True, sigma=1.1, lr=3.0), 40, 1.55)
     assert [r.levelno for r in caplog.records].count(logging.DEBUG) == 40 and "rho=" in caplog.text
 
 
+@pytest.mark.slow
 def test_an_ali_dpfl_run_says_claimed_everywhere_and_a_fixed_tau_run_certified(tmp_path, data_root):
     """The closing line, the sweep's table and ``collect``: ALI-DPFL's ε is claimed, fixed-τ DPFL's certified; the
     τ warning comes once, and no estimate reaches the console."""
-    out = subprocess.run([sys.executable, "train.py", "-m", "experiment=alidpfl_fmnist", "model=logreg",
-                          "dataset.train_limit=2000", "dataset.test_limit=200", "rounds=4", "algo.rc_override=30",
-                          "algo.lr=2", "eval_every=4", "progress=false", "device=cpu", "threads=1",
-                          f"data_root={data_root}", "algo=dpfl,ali_dpfl", f"hydra.sweep.dir={tmp_path}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = train(data_root, "experiment=alidpfl_fmnist", "model=logreg", "dataset.train_limit=2000",
+                "dataset.test_limit=200", "rounds=4", "algo.rc_override=30", "algo.lr=2", "eval_every=4",
+                "progress=false", "device=cpu", "threads=1", "algo=dpfl,ali_dpfl", f"hydra.sweep.dir={tmp_path}",
+                multirun=True, code=None, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     said = out.stdout + out.stderr
     job = {s["algo"]: (d, s["privacy"]) for d in tmp_path.iterdir() if (d / "summary.json").is_file()

@@ -60,6 +60,7 @@ def test_a_privatizer_with_a_tenth_of_the_noise_is_refuted():
     assert eps_lower(*scores(0.2, 5_000, 2), DELTA, THRESHOLDS * 2.0)["eps_lower"] > claimed + 2
 
 
+@pytest.mark.slow
 def test_null_and_correct_audits_stay_within_their_confidence_over_many_seeds():
     """α = 0.05: canaries never inserted give a positive bound, and a correct mechanism a bound above its
     certificate, in at most 5 of 100 audits (the bound is conservative: Bonferroni over 14 tests)."""
@@ -80,6 +81,7 @@ def never_inserted(m: int, seed: int):
     return rng.standard_normal(m), rng.standard_normal(m)
 
 
+@pytest.mark.slow
 def test_the_gdp_route_shows_nothing_on_null_scores_where_an_abs_would_show_mu_2():
     """200 null audits of 1,000 canaries a side: μ_LB stays 0 (at most 5% positive, plus binomial slack).
     The same bounds with |Φ⁻¹(1 - FPR_hi) - Φ⁻¹(FNR_hi)| (jax-privacy's ``epsilon_from_gdp``) give μ ≈ 2 from
@@ -94,6 +96,7 @@ def test_the_gdp_route_shows_nothing_on_null_scores_where_an_abs_would_show_mu_2
     assert np.median(with_abs) > 1.5                  # 2.07 measured
 
 
+@pytest.mark.slow
 def test_the_gdp_route_covers_the_exact_gaussian_and_has_power():
     """Scores N(μ, 1) against N(0, 1) are exactly μ-GDP; μ = 0.502 is ε = 2 at δ = 1e-5. Over 200 audits of
     10,000 canaries a side the bound exceeds ε = 2 in at most 5% (0.5% measured) and its median is 1.75."""

@@ -3,7 +3,6 @@ merged data with per-client test pieces, the capped Dirichlet and the per-evalua
 
 import json
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,20 +13,17 @@ from normfl.algorithms import DPFL
 from normfl.config import ConfigError, config_key, validate
 from normfl.data import ArrayDataset, client_test_split, dirichlet, label_histogram, normalize
 from normfl.run.training import eval_subset
-from tests.test_alidpfl import run
-from tests.test_config import cfg_with
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, composed, run_dpfl
 
 
 def test_divisor_scales_one_step_by_expected_batch_over_divisor():
     """x⁰ = 0, one step: w_i = -η (S_i + σC z_i) / B_i, so dividing by 64 instead of q|D_i| scales w_i by q|D_i|/64."""
     kw = dict(tau=1, lr=0.5, sigma=1.1, clip=100.0, sample_rate=0.5, rc_override=10)
-    text, _, _ = run(DPFL(**kw), 1, 1.55, n=1, sizes=[300])
-    code, _, _ = run(DPFL(divisor=64, **kw), 1, 1.55, n=1, sizes=[300])
+    text, _, _ = run_dpfl(DPFL(**kw), 1, 1.55, n=1, sizes=[300])
+    code, _, _ = run_dpfl(DPFL(divisor=64, **kw), 1, 1.55, n=1, sizes=[300])
     assert torch.allclose(code, text * 150 / 64)
     algo = DPFL(divisor=64, **kw)
-    run(algo, 1, 1.55, n=2, sizes=[100, 300])
+    run_dpfl(algo, 1, 1.55, n=2, sizes=[100, 300])
     assert algo.batch.tolist() == [64.0, 64.0] and algo.weights.tolist() == [0.25, 0.75]
 
 
@@ -89,35 +85,35 @@ def test_eval_subset_size_and_reseeding():
 
 
 def test_authors_code_setup_validates_and_older_keys_stand():
-    code = cfg_with("experiment=alidpfl_authors_code")
+    code = composed("experiment=alidpfl_authors_code")
     validate(code)
     assert (code.dataset.split, code.algo.divisor, code.eval_subset, code.partition.capped) == (
         "per_client", 64, 0.2, True)
-    text = cfg_with("experiment=alidpfl_fmnist")
-    legacy = cfg_with("experiment=alidpfl_fmnist")
+    text = composed("experiment=alidpfl_fmnist")
+    legacy = composed("experiment=alidpfl_fmnist")
     OmegaConf.set_struct(legacy, False)
     del legacy["eval_subset"], legacy.algo["divisor"], legacy.dataset["scale"]   # before the keys existed
     assert config_key(legacy) == config_key(text)
-    assert config_key(cfg_with("experiment=alidpfl_fmnist", "algo.divisor=64")) != config_key(text)
-    assert config_key(cfg_with("experiment=alidpfl_fmnist", "dataset.scale=raw")) != config_key(text)
+    assert config_key(composed("experiment=alidpfl_fmnist", "algo.divisor=64")) != config_key(text)
+    assert config_key(composed("experiment=alidpfl_fmnist", "dataset.scale=raw")) != config_key(text)
 
 
 @pytest.mark.parametrize("experiment", ["alidpfl_fmnist", "alidpfl_authors_code", "alidpfl_cifar10"])
 def test_raw_pixels_accept_the_experiments_mean_and_std_unread_and_the_key_leaves_them_out(experiment):
     """The MindSpore port's input, as the experiment files and docs/measurements.md run it:
     ``experiment=alidpfl_authors_code dataset.scale=raw``; the experiment's mean and std are not read then."""
-    raw = cfg_with(f"experiment={experiment}", "dataset.scale=raw")
+    raw = composed(f"experiment={experiment}", "dataset.scale=raw")
     validate(raw)
-    other = cfg_with(f"experiment={experiment}", "dataset.scale=raw", "dataset.mean=[0.1]", "dataset.std=[0.3]")
+    other = composed(f"experiment={experiment}", "dataset.scale=raw", "dataset.mean=[0.1]", "dataset.std=[0.3]")
     assert config_key(other) == config_key(raw)                          # what the run does not read
-    assert config_key(cfg_with(f"experiment={experiment}", "dataset.mean=[0.1]")) != config_key(
-        cfg_with(f"experiment={experiment}"))                            # what a normalised run reads
+    assert config_key(composed(f"experiment={experiment}", "dataset.mean=[0.1]")) != config_key(
+        composed(f"experiment={experiment}"))                            # what a normalised run reads
 
 
 def test_a_raw_pixel_run_says_that_it_reads_no_mean_or_std(data_root, caplog):
     from normfl.run.setup import _prepared_data
     for scale, said in (("raw", True), ("unit", False)):
-        cfg = cfg_with("experiment=alidpfl_fmnist", f"dataset.scale={scale}", "dataset.train_limit=1000",
+        cfg = composed("experiment=alidpfl_fmnist", f"dataset.scale={scale}", "dataset.train_limit=1000",
                        "dataset.test_limit=10", f"data_root={data_root}")
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="normfl.run.setup"):
@@ -132,13 +128,14 @@ def test_a_raw_pixel_run_says_that_it_reads_no_mean_or_std(data_root, caplog):
 ])
 def test_bad_authors_code_settings_are_refused(override, key):
     with pytest.raises(ConfigError) as err:
-        validate(cfg_with("experiment=alidpfl_authors_code", override))
+        validate(composed("experiment=alidpfl_authors_code", override))
     assert err.value.key == key
 
 
+@pytest.mark.slow
 def test_authors_code_run_trains_on_client_splits(tmp_path, data_root):
     from normfl.run import run as train
-    cfg = cfg_with("experiment=alidpfl_authors_code", "budget=e175_r177", "algo=dpfl", "rounds=2",
+    cfg = composed("experiment=alidpfl_authors_code", "budget=e175_r177", "algo=dpfl", "rounds=2",
                    "dataset.train_limit=2000", "progress=false", "device=cpu", f"data_root={data_root}")
     summary = train(cfg, tmp_path)
     assert summary["status"] == "completed" and summary["split"] == "per_client"
@@ -147,6 +144,7 @@ def test_authors_code_run_trains_on_client_splits(tmp_path, data_root):
     assert hist["best_test_acc"] is not None and hist["final_round"] == 2
 
 
+@pytest.mark.slow
 def test_every_run_of_make_alidpfl_readings_is_a_valid_config():
     """``scripts/ali_readings.py`` (make alidpfl-readings) runs its settings as override strings: each one
     composes and validates (raw pixels on the experiments' normalised setups were refused once)."""
@@ -157,6 +155,6 @@ def test_every_run_of_make_alidpfl_readings_is_a_valid_config():
     readings = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(readings)
     for name, overrides in readings.RUNS.items():
-        cfg = cfg_with(*shlex.split(overrides), "budget=e175_r177")
+        cfg = composed(*shlex.split(overrides), "budget=e175_r177")
         validate(cfg)
         assert cfg.rounds == 177, name

@@ -1,77 +1,25 @@
 """Bad input, from the user's side: ``python train.py ...`` run as the user runs it (in this process, through
-``train.py`` and Hydra, so the corpus stays cheap; the signal and concurrency cases use real processes).
+``train.py`` and Hydra, so the corpus stays cheap: ``tests.helpers.train_here``).
 
 Every refusal must: exit 1 with a message (one line, save where a list of places to look helps) that
 names the key (or file and array), the value and what is allowed, and no traceback; and leave the disk
-exactly as it was (no directory, no log, no earlier record touched).
-The corpus grows with every refusal class: add a row, never a special case.
+exactly as it was (no directory, no log, no earlier record touched) (``tests.helpers.refused``).
+The corpus grows with every refusal class: add a row, never a special case. Run directories (states, locks,
+Ctrl-C) are tests/test_run_directory.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
-import os
-import runpy
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import CONF, REPO, npz, refused, train_here
+
 SHARED = REPO.parent / "shared" / "data"
-B = ["dataset=fashion_mnist", "dataset.train_limit=2000", "dataset.test_limit=500", "model=logreg", "rounds=3",
-     "clients=4", "progress=false", "device=cpu"]
-
-
-def train(data_root, run_dir, *overrides) -> tuple[int, str]:
-    """``python train.py`` in this process: (exit code, stderr)."""
-    # Hydra's logging configs would close every handler of this process (pytest's too): none here
-    argv, sys.argv = sys.argv, ["train.py", f"data_root={data_root}", *B, *overrides, f"hydra.run.dir={run_dir}",
-                                "hydra.job_logging.root=null", "hydra.hydra_logging.root=null"]
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level           # Hydra's logging config replaces them
-    err, code = io.StringIO(), 0
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as out:
-            runpy.run_path(str(REPO / "train.py"), run_name="__main__")
-        err.write(out.getvalue())
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-        if isinstance(e.code, str):
-            err.write(e.code + "\n")
-    finally:
-        sys.argv = argv
-        for h in root.handlers[:]:          # the run's stdout handler: closed, as at a process's end
-            if h not in handlers:
-                root.removeHandler(h)
-                h.close()
-        for h in handlers:
-            if h not in root.handlers:
-                root.addHandler(h)
-        root.setLevel(level)
-    return code, err.getvalue()
-
-
-def disk(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} | {
-        str(p.relative_to(root)) + "/": b"" for p in root.rglob("*") if p.is_dir()}
-
-
-def npz(path: Path, **change) -> Path:
-    """A small valid npz (float 8x8 images, 3 classes), with arrays replaced by ``change``."""
-    r = np.random.default_rng(0)
-    x, y = r.random((200, 1, 8, 8)).astype(np.float32), r.integers(0, 3, 200)
-    arrays = {"x": x, "y": y, "x_test": x[:50], "y_test": y[:50], **change}
-    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
-    return path
 
 
 def _nan_x():
@@ -198,18 +146,7 @@ NPZ = [  # (name, the file's arrays or raw bytes, what the line must say)
 ]
 
 
-def refused(tmp_path, data_root, overrides, expect, run_dir=None):
-    run_dir = run_dir or tmp_path / "run"
-    before = disk(tmp_path)
-    code, err = train(data_root, run_dir, *overrides)
-    lines = [line for line in err.splitlines() if line.strip()]
-    expect = (expect,) if isinstance(expect, str) else expect
-    assert code == 1 and lines[0].startswith("normfl: ") and "Traceback" not in err, err
-    assert all(e in err for e in expect), err
-    assert disk(tmp_path) == before                          # nothing made, nothing removed
-    return err
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("name, overrides, expect", CONFIG, ids=[c[0] for c in CONFIG])
 def test_bad_config_values(name, overrides, expect, tmp_path, data_root):
     refused(tmp_path, data_root, overrides, expect)
@@ -233,9 +170,9 @@ def test_a_sweeps_refused_jobs_are_named_before_any_job_starts(launcher, expect)
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
-    from normfl.run.cli import refusals, sweep_jobs
+    from normfl.run.sweep import refusals, sweep_jobs
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=normec_np_dpsgd", *launcher], return_hydra_config=True)
         with open_dict(cfg):
             cfg.hydra.overrides.task = ["experiment=normec_np_dpsgd", "algo.gamma=0.1,-2", *launcher]
@@ -283,6 +220,7 @@ def test_a_logger_whose_package_is_missing(tmp_path, data_root, monkeypatch):
     refused(tmp_path, data_root, ["logger=wandb"], ("logger='wandb'", "the wandb package is not installed"))
 
 
+@pytest.mark.slow
 def test_wandb_online_without_a_login(tmp_path, data_root, monkeypatch):
     """``logger.mode=online`` with no wandb login raised wandb's UsageError after the run was accepted and left a
     failed run in the directory; now it is refused and nothing is left."""
@@ -293,7 +231,7 @@ def test_wandb_online_without_a_login(tmp_path, data_root, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("WANDB_DIR", str(home))
-    code, err = train(data_root, tmp_path / "run", "logger=wandb", "logger.mode=online")
+    code, err = train_here(data_root, tmp_path / "run", "logger=wandb", "logger.mode=online")
     assert code == 1 and "logger.mode='online'; allowed: offline or disabled, or online once logged in" in err, err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
@@ -322,62 +260,11 @@ def test_corrupted_archive_is_named_by_its_checksum(tmp_path):
     assert "cifar10-jpeg.tar.xz: sha256" in line
 
 
-def test_unwritable_output_dir(data_root):
-    out = subprocess.run([sys.executable, str(REPO / "train.py"), *B, "hydra.run.dir=/proc/normfl-run"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0 and "/proc/normfl-run" in out.stderr
-
-
-def test_a_run_directory_that_is_a_file(tmp_path, data_root):
-    """Hydra's mkdir raised FileExistsError with a traceback; now one line, and the file is left as it was."""
-    (tmp_path / "a-file").write_text("mine")
-    refused(tmp_path, data_root, [], f"hydra.run.dir='{tmp_path / 'a-file'}'; allowed: a directory (this path is a "
-            "file)", run_dir=tmp_path / "a-file")
-    assert (tmp_path / "a-file").read_text() == "mine"
-
-
 def test_a_data_root_that_cannot_be_made(tmp_path, data_root):
     """The loader's mkdir under a file said only "[Errno 20] Not a directory"; now the key is named."""
     (tmp_path / "a-file").write_text("mine")
     refused(tmp_path, data_root, [f"data_root={tmp_path / 'a-file' / 'data'}"],
             f"data_root='{tmp_path / 'a-file' / 'data'}'; allowed: a directory normfl can make and write")
-
-
-def test_run_directory_states(tmp_path, data_root):
-    """Defects 1 and 3: a refusal in a directory of a finished run keeps every record of it; a finished run
-    (or checkpoint) of another config is refused, naming both configs; the same config is left alone."""
-    d = tmp_path / "run"
-    assert train(data_root, d)[0] == 0
-    assert {".hydra", "summary.json", "metrics.csv"} <= set(os.listdir(d))
-    refused(tmp_path, data_root, ["rounds=-1"], "rounds=-1", d)                        # defect 1
-    key = json.loads((d / "summary.json").read_text())["config_key"]
-    for extra in ((), ("resume=false",)):                                              # defect 3
-        line = refused(tmp_path, data_root, ["seed=7", *extra], f"it holds a run of config {key}", d)
-        assert "normec-" in line.split("allowed:")[1].split(";")[0]                  # and names this config's
-    summary = (d / "summary.json").read_bytes()
-    assert train(data_root, d)[0] == 0 and (d / "summary.json").read_bytes() == summary   # left as it is
-
-
-def test_a_live_run_holds_its_directory(tmp_path, data_root):
-    """Defect 2: a second run in a directory a live run holds is refused up front and cleans up nothing;
-    the first run goes on untouched, and gives the directory up when it ends."""
-    d = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"data_root={data_root}", *B, "rounds=100000",
-                              f"hydra.run.dir={d}"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        while first.poll() is None and not (d / "metrics.csv").exists():
-            time.sleep(0.01)
-        assert json.loads((d / ".lock").read_text())["pid"] == first.pid
-        line = refused(d / ".hydra", data_root, ["rounds=100000"], f"held by pid {first.pid}", d)
-        assert "hydra.run.dir=" in line and first.poll() is None            # still running
-        refused(d / ".hydra", data_root, ["rounds=-1"], "rounds=-1", d)      # refused before the lock: touches nothing
-        assert {".lock", "metrics.csv", "partition.csv"} <= set(os.listdir(d))
-        first.send_signal(signal.SIGINT)
-        assert first.wait(120) == 130, first.stderr.read()
-    finally:
-        first.kill()
-    assert {".hydra", "metrics.csv", "train.log"} <= set(os.listdir(d)) and not (d / ".lock").exists()
 
 
 def _strict(name):
@@ -388,71 +275,18 @@ def test_non_finite_evaluation_is_divergence_and_summaries_are_strict_json(tmp_p
     """Defect 4: γ = 1e38 leaves the parameters finite but the test loss NaN: recorded as diverged, with no
     final accuracy, and a summary any strict JSON parser reads."""
     d = tmp_path / "run"
-    assert train(data_root, d, "algo.gamma=1e38", "rounds=1")[0] == 0
+    assert train_here(data_root, d, "algo.gamma=1e38", "rounds=1")[0] == 0
     summary = json.loads((d / "summary.json").read_text(), parse_constant=_strict)
     assert summary["status"] == "diverged"
     assert summary["final_test_acc"] is None and summary["final_test_loss"] is None
     assert summary["best_round"] == 0                       # the only evaluation that gave a number
 
 
-def test_ctrl_c_says_how_to_resume(tmp_path, data_root):
-    """Defect 7: Ctrl-C says where the run's checkpoint is and the command that continues it, not a traceback;
-    the run directory keeps its checkpoint and gives up its lock (issue 27: the command names the directory)."""
-    d = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"data_root={data_root}", *B, "rounds=100000",
-                             "checkpoint_every=20", f"hydra.run.dir={d}"], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    while proc.poll() is None and not (d / "checkpoint.pt").exists():
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    lines = [line for line in err.splitlines() if line.strip() and "[INFO]" not in line]
-    assert proc.returncode == 130, err
-    assert lines[0] == "normfl: stopping after this step to save a checkpoint (Ctrl-C again stops at once)", err
-    assert lines[1].startswith("normfl: interrupted; checkpoint saved at step ") and lines[1].endswith(
-        f" done) in {d}; continue it with:"), err
-    assert lines[2].endswith(f"hydra.run.dir={d}") and len(lines) == 3, err
-    assert (d / "checkpoint.pt").exists() and not (d / ".lock").exists()
-
-
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 def test_a_calibrated_run_never_spends_more_than_asked(accountant, tmp_path, data_root):
     """Defect 8, from the user's side: the ε a run certifies for its noise is at most the ε it was given."""
     d = tmp_path / "run"
-    assert train(data_root, d, "algo=dp_normec", "privacy.calibration=accountant", f"accountant={accountant}",
-                 "privacy.epsilon=1")[0] == 0
+    assert train_here(data_root, d, "algo=dp_normec", "privacy.calibration=accountant", f"accountant={accountant}",
+                      "privacy.epsilon=1")[0] == 0
     privacy = json.loads((d / "summary.json").read_text())["privacy"]
     assert privacy["target_epsilon"] == 1 and 0.99 < privacy[f"epsilon_{accountant}"] <= 1
-
-
-def test_a_stale_lock_is_taken_over_by_one_claimant_only(tmp_path):
-    """Runs starting at once on a directory whose lock a killed run left: each removed the stale lock and took
-    its own, and one could remove the lock another had just taken, so two held the directory (7 of 60 trials
-    of four processes). Exactly one holds it now (claimants as threads: the same race, without forking)."""
-    import socket
-    import threading
-
-    from normfl.errors import ConfigError
-    from normfl.run.rundir import RunDir
-
-    def claim(d: Path, barrier, outcomes: list) -> None:
-        run_dir = RunDir(d)
-        barrier.wait()
-        try:
-            run_dir.claim("k")
-            outcomes.append("held")
-        except ConfigError:
-            outcomes.append("refused")
-
-    for trial in range(100):
-        d = tmp_path / str(trial)
-        d.mkdir()
-        (d / ".lock").write_text(json.dumps({"pid": 2**22 + 1, "host": socket.gethostname(), "since": "then"}))
-        barrier, outcomes = threading.Barrier(4), []
-        threads = [threading.Thread(target=claim, args=(d, barrier, outcomes)) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert sorted(outcomes) == ["held", "refused", "refused", "refused"], trial

@@ -1,11 +1,14 @@
 """The benchmark suite runs on small versions of its settings (what it measures is not tested here)."""
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("bench", Path(__file__).resolve().parents[1] / "scripts" / "bench.py")
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow            # every test here trains or times whole runs
+
+SPEC = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
 bench = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench)
 

@@ -19,7 +19,6 @@ import functools
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import dp_accounting as dpa
 import pandas as pd
@@ -29,9 +28,8 @@ from dp_accounting import pld, rdp
 from normfl.config.keys import algorithm
 from normfl.privacy import certified
 from normfl.run import run
-from tests.helpers import composed
+from tests.helpers import REPO, composed
 
-REPO = Path(__file__).resolve().parents[1]
 TRAIN, CLIENTS, BATCH = 398, 4, 10         # shards of 100, 100, 99, 99 samples: 9 full batches of 10 in each pass
 EPSILON, DELTA = 2.0, 1e-5
 PASSES, TEXT_ROUNDS = 2, 6                 # 18 releases under reading=pass, 6 under reading=text
@@ -82,6 +80,7 @@ READINGS = ("text", "pass")
 RUNS = [pytest.param(name, reading, id=f"{name}-{reading}") for name in CASES for reading in READINGS]
 
 
+@pytest.mark.slow
 def test_every_algorithm_the_privacy_node_calibrates_has_a_case():
     """An algorithm config added to conf/algo whose noise the privacy node sizes (no ``own_noise``) is missed by
     no case here."""
@@ -157,6 +156,7 @@ def account(case: Case, z: float, count: int, accountant: str | None = None) -> 
     return independent_epsilon(z, count, accountant or case.accountant, case.p, case.amplified, case.replace)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, reading", RUNS)
 def test_the_run_certifies_its_target_and_spends_nearly_all_of_it(name, reading, outcome):
     """(a) The run certifies at most privacy.epsilon, and the accountant that calibrated it reports at least
@@ -176,6 +176,7 @@ def test_the_run_certifies_its_target_and_spends_nearly_all_of_it(name, reading,
     assert (1 - TIGHT) * EPSILON <= own <= EPSILON, (own, privacy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, reading", RUNS)
 def test_every_release_the_run_makes_is_accounted(name, reading, outcome):
     """(b) The run makes rounds × steps_per_pass releases under reading=pass (the steps counted here from the
@@ -196,6 +197,7 @@ def test_every_release_the_run_makes_is_accounted(name, reading, outcome):
         assert eps == pytest.approx(expected, rel=1e-9, abs=1e-12), (steps, eps, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, reading", RUNS)
 def test_the_noise_is_what_dp_accounting_solves_for_those_releases(name, reading, outcome):
     """(c) The noise multiplier z is the smallest that dp-accounting, asked here directly for the run's count of
@@ -216,6 +218,7 @@ def test_the_noise_is_what_dp_accounting_solves_for_those_releases(name, reading
     assert account(case, z * (1 - Z_TOL), count) > EPSILON, (z, account(case, z * (1 - Z_TOL), count))
 
 
+@pytest.mark.slow
 def test_the_pass_reading_calibrates_as_the_text_run_of_as_many_releases(outcome, data_root, tmp_path):
     """A run of 2 passes of 9 steps carries the noise of the text run of 18 rounds: the calibration sees only
     the count of releases, however they are grouped into rounds. Catches an accountant's calibration that reads
@@ -275,6 +278,7 @@ def paper_epsilon(steps: int, q: float, sigma: float) -> float:
     return min(r + math.log(1 / DELTA) / (a - 1) for a, r in zip(orders, acc._rdp, strict=True))
 
 
+@pytest.mark.slow
 def test_dpfl_takes_the_dp_sgd_steps_its_budget_supports_and_accounts_each(data_root, tmp_path):
     """DPFL (text reading only; it refuses reading=pass) keeps its noise σ and sets its number of DP-SGD steps
     from privacy.epsilon instead: R_c, the most steps the paper's accountant allows (counted here with

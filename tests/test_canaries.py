@@ -4,13 +4,11 @@ certificate, canaries never inserted show nothing, and each deliberately broken 
 bound above the ε its run certifies."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from normfl import ops
 from normfl.algorithms import alidpfl
@@ -19,8 +17,8 @@ from normfl.errors import ConfigError
 from normfl.privacy import mechanisms
 from normfl.privacy.audit import canaries
 from normfl.run import run
+from tests.helpers import composed
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400", "dataset.test_limit=100", "clients=4",
          "progress=false", "save_params=true", "privacy.delta=1e-5"]
 # each family at a claim a few hundred canaries a side can refute if its privatizer is broken (ε = 1, certified
@@ -36,14 +34,14 @@ FAMILIES = {
 
 
 def config(data_root, family, *overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=[*SMALL, *FAMILIES[family], f"data_root={data_root}", *overrides])
+    return composed(*SMALL, *FAMILIES[family], f"data_root={data_root}", *overrides)
 
 
 def audited(data_root, tmp_path, family, canaries_, *overrides) -> dict:
     return run(config(data_root, family, f"audit.canaries={canaries_}", *overrides), tmp_path / "run")["audit"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_audited_run_has_the_parameters_of_the_run_without_it(family, tmp_path, data_root):
     for n in (0, 200):
@@ -56,6 +54,7 @@ def test_an_audited_run_has_the_parameters_of_the_run_without_it(family, tmp_pat
     assert json.loads((tmp_path / "0" / "summary.json").read_text())["audit"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_correct_privatizer_is_consistent_and_canaries_never_inserted_show_nothing(family, tmp_path, data_root,
                                                                                   monkeypatch):
@@ -118,6 +117,7 @@ BROKEN = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, bug, overrides", BROKEN, ids=[f"{f}-{b.__name__}" for f, b, _ in BROKEN])
 def test_a_broken_privatizer_is_refuted(family, bug, overrides, tmp_path, data_root, monkeypatch):
     bug(monkeypatch)
@@ -126,6 +126,7 @@ def test_a_broken_privatizer_is_refuted(family, bug, overrides, tmp_path, data_r
     assert max(audit["eps_lower"], audit["eps_lower_curve"]) > audit["eps_certified"]
 
 
+@pytest.mark.slow
 def test_amplification_claimed_while_the_server_sees_who_uploads_is_refuted(tmp_path, data_root):
     """Client noise with participation p = 0.1 and amplification claimed (ε = 2 over 100 rounds): the
     certificate assumes the server does not know who took part, but each client's upload shows it (about 10
@@ -135,6 +136,7 @@ def test_amplification_claimed_while_the_server_sees_who_uploads_is_refuted(tmp_
     assert audit["curve"] == "PLD" and audit["verdict"] == "refutes the certificate", audit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_inband_canaries_share_the_runs_own_privatizer_call(family, tmp_path, data_root):
     """In-band, the canaries' block joins the run's own privatizer call: a correct run stays consistent, its
@@ -150,6 +152,7 @@ def test_inband_canaries_share_the_runs_own_privatizer_call(family, tmp_path, da
     assert len(keys) == 2
 
 
+@pytest.mark.slow
 def test_only_inband_sees_the_noise_of_the_runs_own_call(tmp_path, data_root, monkeypatch):
     """A bug in how the algorithm calls its privatizer (round 0's noise draws every round) is invisible beside
     the run, where the canaries draw their own noise, and refuted in-band, where they share the run's call."""
@@ -175,6 +178,7 @@ def test_an_audit_that_cannot_be_made_is_refused(overrides, says, data_root):
         validate(config(data_root, "client", *overrides))
 
 
+@pytest.mark.slow
 def test_an_audit_resumes_with_its_run(tmp_path, data_root):
     """A checkpoint carries the canaries' scores: an audited run stopped and resumed ends with the audit of
     the run made in one go."""
@@ -199,6 +203,7 @@ class _Box:
         return steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("who, p, seeds", [("client", 1.0, 100), ("server", 0.5, 20)])
 def test_a_correct_privatizer_is_refuted_no_more_often_than_the_confidence_allows(who, p, seeds):
     """Many seeds of a correct Gaussian at ε = 2, without training: client noise (the Gaussian-DP route) and
@@ -248,6 +253,7 @@ def test_each_score_kept_and_each_route_holds_at_its_share_of_alpha(who, p, monk
                                    (curve, canaries.ALPHA / (2 * len(kept)))] * len(kept))
 
 
+@pytest.mark.slow
 def test_a_users_subclass_is_audited_as_its_family_declares(tmp_path, data_root):
     """Which algorithms a canary audit takes was an exact list of built-in targets, so a user's subclass of a
     Gaussian algorithm (tests.helpers.Momentum: α-NormEC with server momentum, outside normfl) was refused; its

@@ -2,8 +2,6 @@
 eager mode runs on the CPU, and it gives the plain pass's numbers bit for bit. The capture itself is
 checked in tests/test_gpu.py."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -11,6 +9,7 @@ from normfl import models
 from normfl.engine import ClientEngine, FlatModel
 from normfl.engine.capture import StaticPass, capturable
 from normfl.errors import ConfigError
+from tests.helpers import composed
 
 CPU = torch.device("cpu")
 
@@ -53,16 +52,15 @@ def test_capture_needs_cuda_and_refuses_on_where_it_cannot():
     assert "CUDA" in capturable(CPU, False)
     assert "deterministic" in capturable(torch.device("cuda"), True)
     assert capturable(torch.device("cuda"), False) is None
-    from hydra import compose, initialize_config_dir
 
     from normfl.config import validate
 
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["device=cpu", "capture=on"])
+    cfg = composed("device=cpu", "capture=on")
     with pytest.raises(ConfigError, match="capture='on'.*auto or off.*CUDA"):
         validate(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [["algo=normec", "model=resnet20", "dataset=cifar10"],
                                        ["algo=dp_normec", "model=mlp", "dataset=fashion_mnist"],
                                        ["algo=dp_clip21", "model=mlp", "dataset=fashion_mnist", "reading=pass",
@@ -73,16 +71,12 @@ def test_a_whole_round_on_static_buffers_equals_the_algorithms_round(overrides, 
     bit, step after step; the run's summary says how its rounds ran. On CUDA (``NORMFL_TEST_DEVICE=cuda``) the
     fourth round is replayed from the graph, and ResNet20's rounds agree to 1e-4, not to the bit: cuDNN's
     convolution gradients are not bitwise reproducible (the MLP's rounds were, on an H200)."""
-    from hydra import compose, initialize_config_dir
-
     from normfl.engine.capture import CapturedRound
     from normfl.run import start
 
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        cfgs = [compose("config", overrides=[*overrides, "backend=stacked", f"capture={c}", "dataset.train_limit=400",
-                                             "dataset.test_limit=50", "clients=4", "batch_size=8", "rounds=5",
-                                             f"data_root={data_root}", "progress=false", "checkpoint_every=0"])
-                for c in ("auto", "off")]
+    cfgs = [composed(*overrides, "backend=stacked", f"capture={c}", "dataset.train_limit=400", "dataset.test_limit=50",
+                     "clients=4", "batch_size=8", "rounds=5", f"data_root={data_root}", "progress=false",
+                     "checkpoint_every=0") for c in ("auto", "off")]
     whole, plain = (start(cfg, tmp_path / name) for cfg, name in zip(cfgs, ("whole", "plain"), strict=True))
     cpu = whole.setup.device.type == "cpu"
 
@@ -107,12 +101,9 @@ def test_a_whole_round_on_static_buffers_equals_the_algorithms_round(overrides, 
 
 def test_capture_on_refuses_a_backend_it_cannot_capture(data_root, monkeypatch):
     """capture=on names what stands in the way: here the backend (the device check passes, as on a GPU)."""
-    from hydra import compose, initialize_config_dir
-
     from normfl import config
 
     monkeypatch.setattr(config.values, "capturable", lambda device, deterministic: None)
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["device=cpu", "capture=on", "backend=sequential"])
+    cfg = composed("device=cpu", "capture=on", "backend=sequential")
     with pytest.raises(ConfigError, match="only the stacked pass is captured"):
         config.validate(cfg)

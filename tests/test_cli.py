@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,27 +22,22 @@ from hydra import compose, initialize_config_dir
 from normfl.collect import collect
 from normfl.ops import bernoulli_weights
 from normfl.run import run
-from tests.conftest import OFFLINE
+from tests.helpers import CONF, OFFLINE, REPO, train, train_command
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["dataset=fashion_mnist", "dataset.train_limit=1000", "dataset.test_limit=200", "model=logreg",
          "progress=false", "device=cpu", "threads=1"]
-
-
-def train(data_root, *overrides, multirun=False, timeout=300, **kw) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "train.py", *(["-m"] if multirun else []), f"data_root={data_root}", *overrides]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def first_empty_round(n: int, p: float, seed: int) -> int:
     return next(k for k in range(1000) if not bool((bernoulli_weights(n, p, seed, k) > 0).any()))
 
 
+@pytest.mark.slow
 def test_dp_fedavg_with_rounds_nobody_takes_part_in_runs_on_every_backend(tmp_path, data_root):
     """Issue 27.1: at p = 0.25 over 10 clients a round has no participant 5.6% of the time; backend=stacked
     (which auto picks) crashed on it. Every backend now finishes, all with the same numbers."""
     empty = first_empty_round(10, 0.25, 42)
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         base = [*SMALL, f"data_root={data_root}", "algo=dp_fedavg", "p=0.25", f"rounds={empty + 1}",
                 "algo.beta=0.1", "algo.gamma=1.0", "eval_every=1000"]
         metrics = {}
@@ -58,11 +52,12 @@ def test_dp_fedavg_with_rounds_nobody_takes_part_in_runs_on_every_backend(tmp_pa
                                       rtol=1e-4, check_exact=False, obj=backend)
 
 
+@pytest.mark.slow
 def test_a_failed_single_run_leaves_a_failed_summary_and_its_traceback(tmp_path, data_root):
     """Issue 27.1: a run that raises is recorded as a sweep job is: summary.json `failed` with the error, the
     traceback in train.log, and a closing line that says where."""
     out = train(data_root, *SMALL, "rounds=3", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
-                "algo=crasher", f"hydra.run.dir={tmp_path}")
+                "algo=crasher", f"hydra.run.dir={tmp_path}", code=None)
     assert out.returncode == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "crashed on purpose in round 1" in summary["error"]
@@ -72,21 +67,24 @@ def test_a_failed_single_run_leaves_a_failed_summary_and_its_traceback(tmp_path,
         in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("half", [["privacy.calibration=accountant"], ["accountant=pld"]])
 def test_a_certificate_asked_for_half_way_is_refused(half, tmp_path, data_root):
     """Issue 27.2: either half of the calibration alone fell back to the papers' formula without a word."""
-    out = train(data_root, *SMALL, "rounds=2", "algo=dp_normec", *half, f"hydra.run.dir={tmp_path / 'r'}")
+    out = train(data_root, *SMALL, "rounds=2", "algo=dp_normec", *half, f"hydra.run.dir={tmp_path / 'r'}", code=None)
     assert out.returncode == 1 and not (tmp_path / "r").exists()
     key = "accountant" if half[0].startswith("privacy") else "privacy.calibration"
     assert out.stderr.startswith(f"normfl: invalid config: {key}=") and "allowed: " in out.stderr
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_a_run_certifying_more_than_its_target_says_so_at_the_start_and_the_end(tmp_path, data_root):
     """Issue 27.2: the papers' rule at ε = 8 certifies ε_PLD ≈ 84 for DP-FedAvg at p = 0.25 (no amplification
     claimed). The console and the log say so before the first round and after the last; a calibrated run
     certifies at most its target and says nothing."""
-    out = train(data_root, *SMALL, "rounds=2", "algo=dp_fedavg", "p=0.25", f"hydra.run.dir={tmp_path / 'paper'}")
+    out = train(data_root, *SMALL, "rounds=2", "algo=dp_fedavg", "p=0.25", f"hydra.run.dir={tmp_path / 'paper'}",
+                code=None)
     assert out.returncode == 0, out.stderr[-2000:]
     log = (tmp_path / "paper" / "train.log").read_text()
     eps = json.loads((tmp_path / "paper" / "summary.json").read_text())["privacy"]["epsilon_pld"]
@@ -95,18 +93,19 @@ def test_a_run_certifying_more_than_its_target_says_so_at_the_start_and_the_end(
         assert "privacy: this run will certify ε = " in text and "privacy: this run certifies ε = " in text
         assert f"{eps:.4g} certified (pld): ABOVE the target" in text
     out = train(data_root, *SMALL, "rounds=2", "algo=dp_fedavg", "p=0.25", "privacy.calibration=accountant",
-                "accountant=pld", f"hydra.run.dir={tmp_path / 'pld'}")
+                "accountant=pld", f"hydra.run.dir={tmp_path / 'pld'}", code=None)
     assert out.returncode == 0 and "privacy: this run" not in out.stdout + out.stderr
     assert "certified (pld) |" in out.stdout
     out = train(data_root, *SMALL, "rounds=2", "algo=dp_fedavg", "privacy.noise_multiplier_override=0",
-                f"hydra.run.dir={tmp_path / 'none'}")                  # no noise: ε ∞, which JSON writes as null
+                f"hydra.run.dir={tmp_path / 'none'}", code=None)        # no noise: ε ∞, which JSON writes as null
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads((tmp_path / "none" / "summary.json").read_text())["privacy"]["epsilon_pld"] is None
     assert "ε 8 asked, ∞: no noise added |" in out.stdout
     assert "privacy.noise_multiplier_override=0 sets the noise instead of privacy.epsilon" in out.stdout
     assert collect(tmp_path / "none").epsilon[0] == math.inf
     out = train(data_root, *SMALL, "rounds=2", "algo=dp_fed_normec", "p=0.25", "privacy.amplification=true",
-                "privacy.calibration=accountant", "accountant=pld", f"hydra.run.dir={tmp_path / 'amplified'}")
+                "privacy.calibration=accountant", "accountant=pld", f"hydra.run.dir={tmp_path / 'amplified'}",
+                code=None)
     assert out.returncode == 0, out.stderr[-2000:]                     # each client's own noise: the server sees
     why = json.loads((tmp_path / "amplified" / "summary.json").read_text())["privacy"]["not_certified"]
     assert len(why) == 1 and "the server sees who uploads" in why[0]  # who took part, so no amplification for it
@@ -115,13 +114,14 @@ def test_a_run_certifying_more_than_its_target_says_so_at_the_start_and_the_end(
     assert collect(tmp_path / "amplified").epsilon[0] is None            # a sweep's table: no certified ε
 
 
+@pytest.mark.slow
 def test_a_sweep_of_many_overrides_runs_in_numbered_folders_and_ends_with_a_table(tmp_path, data_root):
     """Issue 27.3-4: 15 overrides made a sub-directory name too long for the file system. Job folders are the
     job numbers, jobs.csv says which values each ran, each job ends with its line and the sweep with a table."""
     many = [*SMALL, "rounds=2", "clients=4", "algo=normec", "algo.gamma=0.1", "algo.alpha=0.01", "batch_size=16",
             "eval_every=1", "seed=3", "partition=iid", "checkpoint_every=0", "algo.server_norm=false"]
     assert len(many) >= 15
-    out = train(data_root, *many, "algo.beta=0.01,0.1", f"hydra.sweep.dir={tmp_path}", multirun=True)
+    out = train(data_root, *many, "algo.beta=0.01,0.1", f"hydra.sweep.dir={tmp_path}", multirun=True, code=None)
     assert out.returncode == 0, out.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0", "1"]
     jobs = pd.read_csv(tmp_path / "jobs.csv")
@@ -135,10 +135,11 @@ def test_a_sweep_of_many_overrides_runs_in_numbered_folders_and_ends_with_a_tabl
     assert all(f"{100 * a:.2f}" in table for a in acc)
 
 
+@pytest.mark.slow
 def test_a_single_run_ends_with_one_line(tmp_path, data_root):
     """Issue 27.4: status, final and best accuracy, ε asked and certified, directory and time, in one line,
     on the console and in the log."""
-    out = train(data_root, *SMALL, "rounds=3", "algo=normec", f"hydra.run.dir={tmp_path}")
+    out = train(data_root, *SMALL, "rounds=3", "algo=normec", f"hydra.run.dir={tmp_path}", code=None)
     s = json.loads((tmp_path / "summary.json").read_text())
     line = (f"normfl: completed in {s['wall_time_s']:.1f}s | test accuracy {100 * s['final_test_acc']:.2f}% final, "
             f"{100 * s['best_test_acc']:.2f}% best (round {s['best_round']}) | not private | {tmp_path}")
@@ -179,6 +180,7 @@ def interrupt(data_root, *overrides, at_step: int, sig: str = "SIGINT", prelude:
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("reading", "sig"), [("text", "SIGINT"), ("pass", "SIGTERM")])
 def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_finishes_the_run_exactly(reading, sig, tmp_path,
                                                                                   data_root):
@@ -189,7 +191,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_finishes_the_run_exac
     a container's stop, ``kill``) is taken the same way and ends the process with 143, not by the signal."""
     args = [*SMALL, "algo=normec", "clients=4", "rounds=40", "save_params=true", "resume=false", f"reading={reading}",
             "batch_size=50", "eval_every=5"]
-    whole = train(data_root, *args, f"hydra.run.dir={tmp_path / 'whole'}")
+    whole = train(data_root, *args, f"hydra.run.dir={tmp_path / 'whole'}", code=None)
     assert whole.returncode == 0, whole.stderr[-2000:]
     cut = tmp_path / "cut"
     out = interrupt(data_root, *args, f"hydra.run.dir={cut}", at_step=13, sig=sig)   # part-way through round 3's pass
@@ -204,6 +206,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_finishes_the_run_exac
     assert np.array_equal(np.load(tmp_path / "whole" / "params.npy"), np.load(cut / "params.npy"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="no SIGUSR2 here")
 def test_a_schedulers_preemption_signal_saves_a_checkpoint_before_its_handler_requeues(tmp_path, data_root):
     """Under Hydra's SLURM launcher, submitit's SIGUSR2 handler requeues the job and exits; the requeued job
@@ -229,6 +232,7 @@ def test_ctrl_c_after_the_run_has_ended_says_so(tmp_path):
     assert "had ended before Ctrl-C" in hint and "starts it over" not in hint
 
 
+@pytest.mark.slow
 def test_a_run_that_is_not_private_starts_without_the_privacy_and_statistics_libraries(tmp_path, data_root):
     """dp-accounting and scipy take about a second to import; a run that neither accounts privacy nor audits it
     (``make run``'s α-NormEC) must not pay for them at every start, nor any run for torchvision (about 2 s) once
@@ -247,6 +251,7 @@ def test_a_run_that_is_not_private_starts_without_the_privacy_and_statistics_lib
     assert out.stdout.splitlines()[-1] == "loaded: []"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("betas", "workers", "statuses", "group"), [
     ("0.01,0.1", 2, ["stopped"] * 2 + ["not started"] * 2, True),   # jobs waiting: none starts after Ctrl-C
     ("0.01", 3, ["stopped"] * 2, True),                               # a worker idle: it must not die of Ctrl-C
@@ -262,9 +267,9 @@ def test_ctrl_c_stops_a_joblib_sweep_its_running_jobs_checkpointed_and_the_print
     (``docker stop``) let the running jobs train to their end; now they stop the same way, from the sweep's
     stop file, and the sweep exits 143."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "train.py", "-m", f"data_root={data_root}", *SMALL, "algo=normec", "clients=2",
-           "rounds=3000", "eval_every=500", "checkpoint_every=0", f"algo.beta={betas}", "algo.gamma=0.01,0.1",
-           "hydra/launcher=joblib", f"hydra.launcher.n_jobs={workers}", f"hydra.sweep.dir={sweep}"]
+    cmd = train_command(f"data_root={data_root}", *SMALL, "algo=normec", "clients=2", "rounds=3000", "eval_every=500",
+                        "checkpoint_every=0", f"algo.beta={betas}", "algo.gamma=0.01,0.1", "hydra/launcher=joblib",
+                        f"hydra.launcher.n_jobs={workers}", f"hydra.sweep.dir={sweep}", multirun=True)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

@@ -11,8 +11,7 @@ import pandas as pd
 import pytest
 
 from normfl.collect import collect, main
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, rows, train
 
 
 def cli(*args, cwd=REPO):
@@ -20,21 +19,14 @@ def cli(*args, cwd=REPO):
                           capture_output=True, text=True, timeout=120)
 
 
-def rows(markdown: str) -> list[dict]:
-    """A markdown table's rows as {column: cell}."""
-    header, _, *body = [[c.strip() for c in line.strip("|").split("|")] for line in markdown.strip().splitlines()]
-    return [dict(zip(header, r, strict=True)) for r in body]
-
-
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, data_root) -> Path:
     """Two private runs, β = 0.01 and 0.1, in job folders named by their number."""
     out = tmp_path_factory.mktemp("sweep")
-    cmd = [sys.executable, "train.py", "-m", "algo=normec", "dataset=fashion_mnist", "dataset.train_limit=600",
-           "dataset.test_limit=200", "model=logreg", "rounds=3", "clients=3", "algo.private=true",
-           "algo.beta=0.01,0.1", "progress=false", f"data_root={data_root}", f"hydra.sweep.dir={out}",
-           "hydra.sweep.subdir=${hydra.job.num}"]
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = train(data_root, "algo=normec", "dataset=fashion_mnist", "dataset.train_limit=600", "dataset.test_limit=200",
+                "model=logreg", "rounds=3", "clients=3", "algo.private=true", "algo.beta=0.01,0.1", "progress=false",
+                f"hydra.sweep.dir={out}", "hydra.sweep.subdir=${hydra.job.num}", multirun=True, code=None,
+                timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["0", "1"]
     return out
@@ -59,6 +51,7 @@ def broken(sweep, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_sweep_becomes_a_table_a_file_and_a_plot(sweep, tmp_path):
     out = cli(sweep, "--by", "algo.beta", "--out", tmp_path / "t.md", "--plot", tmp_path / "c.png")
     assert out.returncode == 0, out.stderr
@@ -77,6 +70,7 @@ def test_a_sweep_becomes_a_table_a_file_and_a_plot(sweep, tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 1000 and not list(tmp_path.glob(".*tmp"))
 
 
+@pytest.mark.slow
 def test_default_columns_are_the_swept_keys_and_csv_holds_the_numbers(sweep, tmp_path, capsys):
     main([str(sweep), "--out", str(tmp_path / "t.csv")])
     assert list(rows(capsys.readouterr().out)[0])[:2] == ["algo.beta", "status"]
@@ -87,6 +81,7 @@ def test_default_columns_are_the_swept_keys_and_csv_holds_the_numbers(sweep, tmp
     assert csv["wall time (s)"][1] == pytest.approx(s["wall_time_s"])
 
 
+@pytest.mark.slow
 def test_diverged_and_failed_runs_have_a_status_and_no_accuracy(sweep, broken, tmp_path, capsys):
     main([str(sweep), str(broken), "--by", "algo.beta,rounds", "--by", "seed", "--plot", str(tmp_path / "c.pdf")])
     table = rows(capsys.readouterr().out)
@@ -100,6 +95,7 @@ def test_diverged_and_failed_runs_have_a_status_and_no_accuracy(sweep, broken, t
     assert df["epsilon"][0] < df["target_epsilon"][0] * 2 and df["epsilon"].isna()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, code, message", [
     (["{missing}"], 2, "invalid path {missing}: no such directory"),
     (["{empty}"], 1, "no run (a folder holding a summary.json) at or below {empty}"),
@@ -122,6 +118,7 @@ def test_bad_input_is_refused_in_one_line(sweep, tmp_path, capsys, args, code, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "empty.md"]     # nothing written
 
 
+@pytest.mark.slow
 def test_a_committed_record_sits_beside_a_run(sweep, tmp_path, monkeypatch):
     """A record (config.yaml and metrics.csv.xz, no .hydra) is a run like any other: keys, row and curve."""
     from normfl.reproduce import records
@@ -139,6 +136,6 @@ def test_a_committed_record_sits_beside_a_run(sweep, tmp_path, monkeypatch):
 
 def test_a_key_is_written_as_typed_whole_floats_as_integers_unless_huge():
     """γ = 1e300 (a divergence test) came out as a 301-digit integer in a sweep's table."""
-    from normfl.collect import _key
+    from normfl.table import cell
 
-    assert [_key(v) for v in (20.0, 0.001, 1e300, -3.0, None, "sn")] == ["20", "0.001", "1e+300", "-3", "–", "sn"]
+    assert [cell(v) for v in (20.0, 0.001, 1e300, -3.0, None, "sn")] == ["20", "0.001", "1e+300", "-3", "–", "sn"]

@@ -1,24 +1,13 @@
 """Every config composes and passes validation; every bad value is refused with key, value and rule."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from normfl.config import FLAGS, ConfigError, validate
+from tests.helpers import CONF, composed, train
 
-REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
-
-
-def cfg_with(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=False)
 
 
 @pytest.mark.parametrize("group, option", [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))])
@@ -32,7 +21,7 @@ def test_every_config_composes_and_validates(group, option):
         extra = ["privacy.calibration=accountant", "algo=dp_normec"]       # only a private run reads it
     if group == "budget":
         extra = ["algo=dpfl", "model=cnn"]          # ALI-DPFL's (ε, R_s) cells: a run without noise refuses an ε
-    cfg = cfg_with(f"{group}={option}", *extra)
+    cfg = composed(f"{group}={option}", *extra)
     OmegaConf.to_container(cfg, resolve=True)      # every interpolation resolves
     absent = {"cuda": not torch.cuda.is_available(),
               "mps": not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())}
@@ -44,7 +33,7 @@ def test_every_config_composes_and_validates(group, option):
 
 
 def test_default_is_normec_setup():
-    cfg = cfg_with()
+    cfg = composed()
     assert (cfg.algo.name, cfg.dataset._target_.rsplit(".", 1)[1], cfg.model._target_.rsplit(".", 1)[1]) == \
         ("normec", "load_cifar10", "resnet20")
     assert (cfg.clients, cfg.batch_size, cfg.rounds, cfg.seed) == (10, 32, 300, 42)
@@ -66,13 +55,13 @@ def test_default_is_normec_setup():
 ])
 def test_validation_names_key_value_and_rule(override, key):
     if override == "partition.alpha=0":
-        cfg = cfg_with("partition=dirichlet", override)
+        cfg = composed("partition=dirichlet", override)
     elif override == "algo.eta=0":
-        cfg = cfg_with("algo=fed_normec", override)
+        cfg = composed("algo=fed_normec", override)
     elif override == "dataset=npz":
-        cfg = cfg_with(override, "dataset.path=/no/such/file.npz")
+        cfg = composed(override, "dataset.path=/no/such/file.npz")
     else:
-        cfg = cfg_with(override)
+        cfg = composed(override)
     if key is None:
         validate(cfg)
         return
@@ -109,22 +98,18 @@ def test_every_true_false_key_of_the_configs_is_checked():
                                       "privacy.sqrt_covers_log=null", "progress=yes"])
 def test_a_true_false_key_takes_only_true_or_false(override):
     with pytest.raises(ConfigError, match=r"allowed: True \| False") as err:
-        validate(cfg_with(override))
+        validate(composed(override))
     assert err.value.key == override.split("=")[0]
 
 
-def _train(tmp_path, *overrides):
-    return subprocess.run([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}",
-                           *overrides], cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("override, needle", [
     (["algo.beta=-1"], "algo.beta=-1"), (["algo=nope"], "algo"), (["clients=100000", "dataset=fashion_mnist",
                                                                    "model=logreg"], "clients=100000"),
     (["dataset=fashion_mnist", "partition=shards", "partition.num_shards=7"], "num_shards=7"),
 ])
 def test_refused_run_leaves_no_run_directory(tmp_path, data_root, override, needle):
-    out = _train(tmp_path, f"data_root={data_root}", *override)
+    out = train(data_root, f"hydra.run.dir={tmp_path / 'run'}", *override, code=None)
     assert out.returncode != 0
     assert needle in out.stderr
     assert not (tmp_path / "run").exists()
@@ -147,5 +132,5 @@ def test_refused_run_leaves_no_run_directory(tmp_path, data_root, override, need
 ])
 def test_federated_and_privacy_combinations_are_checked(overrides, key):
     with pytest.raises(ConfigError) as err:
-        validate(cfg_with(*overrides))
+        validate(composed(*overrides))
     assert err.value.key == key

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import subprocess
@@ -25,8 +24,7 @@ from normfl.data import (
     sources,
 )
 from normfl.data.transforms import draw_crop_flip
-
-OFFLINE = Path(os.environ.get(sources.OFFLINE_ENV) or Path(__file__).parents[2] / "shared" / "data")
+from tests.helpers import OFFLINE
 
 
 def need(*names: str) -> None:
@@ -45,6 +43,7 @@ def _no_env_offline_dir(monkeypatch):
 # ----------------------------------------------------------------------------------- Fashion-MNIST
 
 
+@pytest.mark.slow
 def test_fashion_mnist_from_offline_copy(tmp_path):
     need("FashionMNIST/raw")
     ds = load_fashion_mnist(tmp_path, OFFLINE, download=False)
@@ -64,6 +63,7 @@ def test_fashion_mnist_from_offline_copy(tmp_path):
     assert torch.equal(again.x_test, ds.x_train[te]) and torch.equal(again.y_train, ds.y_train[tr])
 
 
+@pytest.mark.slow
 def test_fashion_mnist_is_read_as_torchvision_reads_it_and_a_damaged_file_is_extracted_again(tmp_path):
     """normfl reads torchvision's extracted idx files itself (importing torchvision costs about 2 s at every
     start): the same tensors as torchvision's reader; a damaged or emptied file is named, and extracted again
@@ -120,6 +120,7 @@ def cifar(tmp_path_factory):
     return root, ds, time.perf_counter() - start
 
 
+@pytest.mark.slow
 def test_cifar_jpeg_copy(cifar):
     root, ds, _ = cifar
     assert (ds.name, ds.label, ds.split, ds.num_classes) == (
@@ -140,6 +141,7 @@ def test_cifar_jpeg_copy(cifar):
     assert not list(root.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_cifar_second_load_uses_cache(cifar, monkeypatch):
     root, ds, first = cifar
 
@@ -157,6 +159,7 @@ def test_cifar_second_load_uses_cache(cifar, monkeypatch):
     assert load_cifar10(root, None, download=False).source == str(root / sources.CIFAR10_CACHE)
 
 
+@pytest.mark.slow
 def test_cifar_holdout_and_pooled(cifar):
     root, ds, _ = cifar
     ho = load_cifar10(root, None, download=False, split="holdout")
@@ -201,6 +204,7 @@ def test_cifar_torchvision_copy_comes_first(tmp_path, monkeypatch):
     assert ds.y_train.tolist() == labels[:20] and ds.y_test.dtype == torch.int64
 
 
+@pytest.mark.slow
 def test_the_datasets_load_without_importing_torchvision(cifar, data_root):
     """torchvision costs about 2 s at the start of every run: it is imported only to download, to check an
     offline copy the first time, or for torchvision's own CIFAR-10 files, whose names are checked here."""

@@ -6,20 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from normfl.ops import bernoulli_weights, cohort
 from normfl.run import run
-
-REPO = Path(__file__).resolve().parents[1]
-ALGOS = sorted(p.stem for p in (REPO / "conf" / "algo").glob("*.yaml"))
-BASE = ["dataset=fashion_mnist", "model=logreg", "clients=4", "rounds=3", "eval_every=2", "dataset.train_limit=800",
-        "dataset.test_limit=200", "batch_size=16", "save_params=true", "progress=false", "checkpoint_every=2"]
-EXTRA = {"nfa_binomial": ["algo.local_steps=2"],
-         "nfa_clip_tdl": ["algo.local_steps=2", "privacy.epsilon=0.1", "privacy.delta=1e-9"],
-         "nfa_fedavg": ["algo.local_steps=2"], "normfedavg": ["algo.local_steps=2"],
-         "dp_normfedavg": ["algo.local_steps=2"]}
+from tests.helpers import ALGOS, EXTRA, config
 
 
 def outputs(data_root, out: Path, *overrides):
@@ -28,13 +19,13 @@ def outputs(data_root, out: Path, *overrides):
 
 def run_in(data_root, out: Path, *overrides):
     """The config, metrics (wall times aside), parameters and summary of one run into ``out``."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*BASE, f"data_root={data_root}", *overrides])
+    cfg = config(data_root, *overrides)
     out.mkdir()
     summary = run(cfg.copy(), out)
     return cfg, pd.read_csv(out / "metrics.csv").drop(columns="wall_time"), np.load(out / "params.npy"), summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sequential", "vmap", "analytic", "stacked"])
 @pytest.mark.parametrize("algo", ALGOS)
 def test_same_seed_gives_identical_metrics_and_parameters(algo, backend, tmp_path, data_root):
@@ -69,6 +60,7 @@ def test_client_sampling_is_shared_across_algorithms():
         assert torch.equal(q[0], q[1]) and torch.equal(q[0], bernoulli_weights(20, 0.25, 3, k))
 
 
+@pytest.mark.slow
 def test_algo_seed_moves_the_algorithms_draws_and_nothing_else(tmp_path, data_root):
     """``algo_seed`` seeds the algorithm's noise and cohorts alone: equal to ``seed`` it is the run without it
     (whose key it leaves as it was), another value keeps the model's start and the shards and changes the
@@ -90,6 +82,7 @@ def test_algo_seed_moves_the_algorithms_draws_and_nothing_else(tmp_path, data_ro
     assert not np.allclose(p3, p1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [["algo=dp_fed_normec"], ["algo=dpfl", "model=cnn", "model.hidden=32"]])
 def test_deterministic_algorithms_flag(overrides, tmp_path, data_root):
     """deterministic=true turns torch's deterministic algorithms on for the run (what makes a rerun on a GPU

@@ -9,7 +9,10 @@ import re
 import shlex
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import pytest
+
+from tests.helpers import CONF, REPO
+
 READ = ["README.md", "REPRODUCTION.md", "Makefile", "train.py", *(f"{d}/**/*.{ext}" for d in ("docs", "normfl",
         "scripts", "conf") for ext in ("md", "py", "yaml", "csv"))]
 
@@ -58,6 +61,7 @@ def documented_runs() -> list[tuple[str, list[str]]]:
     return runs
 
 
+@pytest.mark.slow
 def test_every_documented_run_is_a_valid_config():
     """Each ``python train.py ...`` a user can copy from the docs composes and validates, so a tightened check
     cannot refuse what a page tells them to run (``experiment=alidpfl_authors_code dataset.scale=raw`` once was)."""
@@ -66,7 +70,7 @@ def test_every_documented_run_is_a_valid_config():
     from normfl.config import ConfigError, validate
 
     runs, bad = documented_runs(), []
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for where, overrides in runs:
             try:
                 validate(compose("config", overrides=overrides))

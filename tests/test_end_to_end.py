@@ -3,26 +3,18 @@
 import json
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import CONF, REPO, train
+
+pytestmark = pytest.mark.slow            # every test here trains or times whole runs
+
 FMNIST = ["dataset=fashion_mnist", "model=logreg", "clients=4", "rounds=6", "eval_every=2",
           "dataset.train_limit=2000", "dataset.test_limit=500", "progress=false"]
-
-
-def train(data_root, *overrides, multirun=False, code=0):
-    cmd = [sys.executable, str(REPO / "train.py"), *(["-m"] if multirun else []), f"data_root={data_root}",
-           *overrides]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert out.returncode == code, out.stderr[-3000:]
-    return out
 
 
 def test_fashion_mnist_run_is_complete_and_deterministic(tmp_path, data_root):
@@ -149,10 +141,7 @@ def test_paths_typed_with_a_tilde_are_read_from_home(tmp_path):
     np.savez(home / "x.npz", x=x, y=y, x_test=x[:30], y_test=y[:30], client=np.arange(120) % 3)
 
     def train_at_home(*overrides):
-        out = subprocess.run([sys.executable, str(REPO / "train.py"), "model=logreg", "rounds=1", "progress=false",
-                              *overrides], cwd=REPO, capture_output=True, text=True, timeout=600,
-                             env={**os.environ, "HOME": str(home)})
-        assert out.returncode == 0, out.stderr[-3000:]
+        train(None, "model=logreg", "rounds=1", "progress=false", *overrides, env={**os.environ, "HOME": str(home)})
 
     train_at_home("dataset=npz", "dataset.path=~/x.npz", "partition=natural", "hydra.run.dir=~/npz")   # Hydra's key too
     recorded = OmegaConf.load(home / "npz" / ".hydra" / "config.yaml")
@@ -178,7 +167,7 @@ def test_sweep_through_submitit_launcher(tmp_path, data_root):
     a traceback, no report, and the jobs' own outcomes left behind."""
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         hc = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
                      return_hydra_config=True).hydra.launcher
     assert hc._target_.endswith("SlurmLauncher") and hc.partition == "gpu"

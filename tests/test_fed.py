@@ -6,7 +6,7 @@ import torch
 from normfl.algorithms import DPSGDNorm, FedAvg, FedNormEC, NormEC, memory
 from normfl.ops import bernoulli_weights, cohort_weights, norm_alpha
 from normfl.privacy import Privacy
-from tests.test_algorithms import Quadratic
+from tests.helpers import Quadratic
 
 NOPRIV = Privacy()
 F64 = torch.float64
@@ -93,6 +93,7 @@ def test_participation_weight_is_unbiased():
     assert ((c > 0).sum(1) == 3).all() and abs(c.mean().item() - 1.0) < 1e-6
 
 
+@pytest.mark.slow
 def test_server_increment_is_unbiased_under_partial_participation():
     """FEDNORMEC Alg. 1 lines 6-11 (reading A7): averaged over draws of q, v̂^{k+1} - v̂^k = (β/M) Σ_i Δ_i^k."""
     centers = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=F64)

@@ -11,7 +11,7 @@ import torch
 from normfl import models
 from normfl.engine import ClientEngine, FlatModel
 from normfl.engine.flat import set_numerics
-from tests.test_stacked import config
+from tests.helpers import config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda")

@@ -18,9 +18,8 @@ import yaml
 
 from normfl.results import Recorder, last5_mean_test_acc
 from normfl.run import run
-from tests.helpers import composed
+from tests.helpers import REPO, composed
 
-REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "outputs" / "records"
 
 

@@ -8,7 +8,6 @@ import itertools
 import json
 import subprocess
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -16,8 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from normfl.config import config_key
 from normfl.reproduce import __main__ as driver
 from normfl.reproduce import jobs, targets
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 
 def expand(overrides: list[str]) -> list[tuple[str, ...]]:
@@ -28,6 +26,7 @@ def expand(overrides: list[str]) -> list[tuple[str, ...]]:
     return list(itertools.product(*lists))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "profile"), [("normec_t2", "paper"), ("normfedavg_t4", "quick"),
                                                ("alidpfl_t2", "code")])
 def test_the_sweeps_of_a_grid_are_its_runs(name, profile):
@@ -35,6 +34,7 @@ def test_the_sweeps_of_a_grid_are_its_runs(name, profile):
     assert keys == {j.key for j in jobs.jobs(name, profile)}
 
 
+@pytest.mark.slow
 def test_a_launch_writes_each_job_into_its_store_folder_and_skips_finished_ones(tmp_path, data_root, monkeypatch):
     sweep = ["algo=normec", "dataset=fashion_mnist", "dataset.train_limit=600", "dataset.test_limit=100",
              "model=logreg", "clients=3", "rounds=2", f"data_root={data_root}", "algo.beta=0.01,0.1"]

@@ -12,45 +12,29 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from test_bad_input import npz, refused  # tests/ is on the path (pytest's rootdir import mode)
 
 from normfl.algorithms import Algorithm
 from normfl.config import ConfigError, accepted_keys, config_key, resolve_clients, validate
 from normfl.config.keys import algorithm
-from tests.helpers import composed
+from tests.helpers import CONF, composed, npz, refused, train
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["dataset=fashion_mnist", "dataset.train_limit=500", "dataset.test_limit=100", "model=logreg", "rounds=2",
         "clients=3", "progress=false", "device=cpu", "threads=1"]
-
-
-def train(data_root, *overrides, multirun=False) -> subprocess.CompletedProcess:
-    """``python train.py`` as the user runs it, in its own process."""
-    cmd = [sys.executable, "train.py", *(["-m"] if multirun else []), f"data_root={data_root}", *overrides]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
-
-
-def cfg_with(*overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 # -- 1. partition=natural: the number of clients is the data's ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_natural_partition_takes_the_number_of_clients_from_the_data(tmp_path, data_root):
     path = npz(tmp_path / "f.npz", client=np.arange(200) % 5)            # 5 distinct client ids
     d = tmp_path / "run"
     out = train(data_root, "dataset=npz", f"dataset.path={path}", "partition=natural", "model=logreg", "rounds=2",
-                "progress=false", "device=cpu", "threads=1", f"hydra.run.dir={d}")
+                "progress=false", "device=cpu", "threads=1", f"hydra.run.dir={d}", code=None)
     assert out.returncode == 0, out.stderr
     recorded = OmegaConf.load(d / ".hydra" / "config.yaml")
     summary = json.loads((d / "summary.json").read_text())
@@ -67,38 +51,38 @@ def test_natural_partition_refuses_another_count(tmp_path, data_root):
 
 def test_composing_natural_keeps_its_node_and_an_explicit_count_wins():
     node = {"_target_": "normfl.data.partition.natural", "_partial_": True}
-    cfg = cfg_with("partition=natural")
+    cfg = composed("partition=natural")
     assert OmegaConf.to_container(cfg.partition) == node and cfg.clients is None
     for overrides in (("partition=natural", "clients=5"), ("clients=5", "partition=natural")):
-        cfg = cfg_with(*overrides)
+        cfg = composed(*overrides)
         assert OmegaConf.to_container(cfg.partition) == node and cfg.clients == 5
-    assert cfg_with("partition=iid").clients == 10
+    assert composed("partition=iid").clients == 10
 
 
 def test_resolve_counts_the_clients_of_the_samples_the_run_uses(tmp_path):
     path = npz(tmp_path / "f.npz", client=np.repeat(np.arange(5), 40))    # ids 0, 0, ..., 4
     base = ("dataset=npz", f"dataset.path={path}", "partition=natural")
-    cfg = cfg_with(*base)
+    cfg = composed(*base)
     resolve_clients(cfg)
     assert cfg.clients == 5
-    cfg = cfg_with(*base, "dataset.train_limit=50")                       # the first 50 samples: ids 0 and 1
+    cfg = composed(*base, "dataset.train_limit=50")                       # the first 50 samples: ids 0 and 1
     resolve_clients(cfg)
     assert cfg.clients == 2
     validate(cfg)
     resolve_clients(cfg)                                                  # once resolved, a no-op
     with pytest.raises(ConfigError) as err:
-        resolve_clients(cfg_with(*base, "dataset.train_limit=50", "clients=5"))
+        resolve_clients(composed(*base, "dataset.train_limit=50", "clients=5"))
     assert str(err.value) == (f"invalid config: clients=5; allowed: 2 (the distinct client ids of {path}'s client "
                               "array in the 50 training samples the run uses: dataset.train_limit=50) with "
                               "partition=natural, or null")
-    cfg = cfg_with("clients=7")                                           # another partition: left alone
+    cfg = composed("clients=7")                                           # another partition: left alone
     resolve_clients(cfg)
     assert cfg.clients == 7
 
 
 def test_null_clients_is_only_for_the_natural_partition():
     with pytest.raises(ConfigError) as err:
-        validate(cfg_with("clients=null", "partition=dirichlet"))
+        validate(composed("clients=null", "partition=dirichlet"))
     assert str(err.value) == ("invalid config: clients=None; allowed: an integer >= 1 (null only with "
                               "partition=natural: the number of distinct client ids in the data)")
 
@@ -125,8 +109,9 @@ def test_a_value_the_constructor_raises_on_names_the_algorithm(tmp_path, data_ro
     assert "unexpected keyword" not in err
 
 
+@pytest.mark.slow
 def test_the_keys_listed_are_those_of_the_algorithm_configs():
-    for path in sorted((REPO / "conf" / "algo").glob("*.yaml")):
+    for path in sorted((CONF / "algo").glob("*.yaml")):
         node = composed(f"algo={path.stem}").algo
         assert set(node) - {"_target_"} <= set(accepted_keys(node._target_)), path.stem
     assert accepted_keys(composed("algo=fed_normec").algo._target_)[:3] == ["alpha", "beta", "cohort_size"]  # **kw
@@ -135,11 +120,12 @@ def test_the_keys_listed_are_those_of_the_algorithm_configs():
 # -- 3 and 4: the data line, and what the privacy block's std is on ------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_log_line_and_the_privacy_block(tmp_path, data_root):
     """One process runs DP-α-NormEC and DP-Clip21 at the same settings (β = 0.1): their ``std`` differ
     tenfold, their ``std_in_update`` agree."""
     out = train(data_root, *TINY, "algo=dp_normec,dp_clip21", "algo.beta=0.1", f"hydra.sweep.dir={tmp_path}",
-                "hydra.sweep.subdir=${algo.name}", multirun=True)
+                "hydra.sweep.subdir=${algo.name}", multirun=True, code=None)
     assert out.returncode == 0, out.stderr
     for name in ("dp_normec", "dp_clip21"):
         lines = [line for line in (tmp_path / name / "train.log").read_text().splitlines() if " train / " in line]
@@ -159,13 +145,15 @@ def test_the_log_line_and_the_privacy_block(tmp_path, data_root):
                 "target_epsilon", "delta", "epsilon_rdp", "epsilon_pld", "calibration"} <= set(block)
 
 
+@pytest.mark.slow
 def test_every_private_algorithm_says_what_its_noise_is_on():
-    classes = {algorithm(composed(f"algo={path.stem}")) for path in (REPO / "conf" / "algo").glob("*.yaml")}
+    classes = {algorithm(composed(f"algo={path.stem}")) for path in (CONF / "algo").glob("*.yaml")}
     assert len(classes) == 7                         # each of them runs private with its private key set
     for cls in classes:
         assert cls.noise_target is not Algorithm.noise_target, cls.__name__
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm, private", [("batch", True), ("group", True), ("batch", False)])
 def test_a_private_run_with_batchnorm_says_what_its_certificate_does_not_cover(norm, private, tmp_path, data_root,
                                                                              caplog):
@@ -175,11 +163,9 @@ def test_a_private_run_with_batchnorm_says_what_its_certificate_does_not_cover(n
 
     from normfl.run import run
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["algo=dp_normec" if private else "algo=normec", "model=resnet20",
-                                           f"model.norm={norm}", "dataset=cifar10", "dataset.train_limit=64",
-                                           "dataset.test_limit=20", "clients=2", "batch_size=8", "rounds=1",
-                                           "progress=false", f"data_root={data_root}"])
+    cfg = composed("algo=dp_normec" if private else "algo=normec", "model=resnet20", f"model.norm={norm}",
+                   "dataset=cifar10", "dataset.train_limit=64", "dataset.test_limit=20", "clients=2", "batch_size=8",
+                   "rounds=1", "progress=false", f"data_root={data_root}")
     with caplog.at_level(logging.WARNING, logger="normfl"):
         summary = run(cfg, tmp_path / "run")
     said = [r.getMessage() for r in caplog.records if "BatchNorm running statistics" in r.getMessage()]
@@ -198,8 +184,7 @@ def test_a_delta_not_small_against_the_units_protected_is_said(delta, warned, tm
 
     from normfl.run import run
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*TINY, "algo=dp_normec", f"privacy.delta={delta}", f"data_root={data_root}"])
+    cfg = composed(*TINY, "algo=dp_normec", f"privacy.delta={delta}", f"data_root={data_root}")
     with caplog.at_level(logging.WARNING, logger="normfl"):
         summary = run(cfg, tmp_path / "run")
     said = [r.getMessage() for r in caplog.records if "is at least 1/N" in r.getMessage()]

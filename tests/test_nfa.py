@@ -11,8 +11,7 @@ from normfl.algorithms.local import local_sgd
 from normfl.config import ConfigError, validate
 from normfl.ops import cohort
 from normfl.privacy import Privacy
-from tests.test_algorithms import Quadratic
-from tests.test_config import cfg_with
+from tests.helpers import Quadratic, composed
 
 
 def nfa(**kw):
@@ -112,6 +111,7 @@ def test_aggregate_level_noise_is_one_draw_with_sensitivity_over_r():
     assert torch.allclose(x1 * 8 * 5, torch.round(x1 * 8 * 5), atol=1e-9)
 
 
+@pytest.mark.slow
 def test_private_round_is_seeded_unbiased_and_on_the_grid():
     b = torch.randn(4, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     algo = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], local_steps=1, mechanism="qtdl", s=16, cohort_size=4)
@@ -162,7 +162,7 @@ NFA = ["experiment=nfa_t4_qtdl"]
 ])
 def test_bad_nfa_settings_are_refused(overrides, key):
     with pytest.raises(ConfigError) as err:
-        validate(cfg_with(*NFA, *overrides))
+        validate(composed(*NFA, *overrides))
     assert err.value.key == key
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location(
-    "noise_readings", Path(__file__).resolve().parents[1] / "scripts" / "noise_readings.py")
+from tests.helpers import REPO, composed
+
+pytestmark = pytest.mark.slow            # every test here trains or times whole runs
+
+SPEC = importlib.util.spec_from_file_location("noise_readings", REPO / "scripts" / "noise_readings.py")
 nr = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(nr)
 
@@ -86,12 +88,9 @@ def test_the_steps_a_pass_the_table_charges_are_the_runs_own(algo, data_root):
     """The table's multipliers and ε count a pass as ALGORITHMS' steps (140, 70), not from a run: they must be
     the steps the paper profile's run of that setup makes on the real data, or the table certifies another run."""
     import torch
-    from hydra import compose, initialize_config_dir
 
     from normfl.run.setup import _prepared_data
 
-    with initialize_config_dir(config_dir=str(Path(nr.__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*nr.ALGORITHMS[algo][0].split(), "reading=pass", f"data_root={data_root}",
-                                           "device=cpu"])
+    cfg = composed(*nr.ALGORITHMS[algo][0].split(), "reading=pass", f"data_root={data_root}", "device=cpu")
     parts = _prepared_data(cfg, torch.device("cpu"))[1]
     assert min(len(p) // cfg.batch_size for p in parts) == nr.ALGORITHMS[algo][2]

@@ -16,8 +16,7 @@ from normfl.algorithms.base import on_device
 from normfl.algorithms.memory import ClientMemory
 from normfl.engine.flat import FlatModel, memory_format, numerics, set_numerics
 from normfl.run import run
-from tests.helpers import assert_same_run
-from tests.test_stacked import MODELS, config
+from tests.helpers import MODELS, assert_same_run, config
 
 
 @pytest.mark.parametrize(("precision", "deterministic", "want"), [
@@ -38,6 +37,7 @@ def test_precision_and_determinism_set_the_flags_and_the_summary_names_them(prec
     assert numerics() == {"tf32": False, "cudnn_benchmark": True, "deterministic": False}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["resnet20-group fed_normec", "cnn dpfl"])
 @pytest.mark.parametrize("backend", ["sequential", "stacked"])
 def test_a_run_in_either_memory_format_is_the_same_run(model, backend, tmp_path, data_root):

@@ -17,27 +17,24 @@ import pytest
 import normfl.algorithms
 from normfl.algorithms import Algorithm
 from normfl.algorithms.base import GaussianAlgorithm
-from normfl.config import ConfigError, validate
+from normfl.config import ConfigError, checks, validate
 from normfl.privacy import mechanisms
 from normfl.run import run
-from tests.conftest import OFFLINE
-from tests.helpers import assert_same_run, composed, resumed_equals_whole
+from tests.helpers import OFFLINE, REPO, assert_same_run, composed, resumed_equals_whole, train
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE, OUTSIDE = REPO / "docs" / "own-algorithm", REPO / "tests" / "outside"
 SMALL = ["dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400", "dataset.test_limit=100", "clients=4",
          "rounds=12", "eval_every=4", "checkpoint_every=4", "progress=false", "save_params=true", "threads=1",
          "privacy.delta=1e-5", "privacy.calibration=accountant", "accountant=pld"]
 
 
-def train(cwd: Path, data_root, *overrides, multirun=False) -> subprocess.CompletedProcess:
+def train_outside(cwd: Path, data_root, *overrides, multirun=False) -> subprocess.CompletedProcess:
     """``python train.py --config-dir docs/own-algorithm/conf algo=dp_fedavgm ...`` from ``cwd``, outside the
     repository, with the example's folder on PYTHONPATH: nothing of normfl edited or told about it."""
     path = os.pathsep.join(p for p in (str(EXAMPLE), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *["-m"] * multirun, "--config-dir",
-                           str(EXAMPLE / "conf"), "algo=dp_fedavgm", *SMALL, f"data_root={data_root}",
-                           f"offline_data={OFFLINE}", *overrides],
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=600)
+    return train(data_root, "algo=dp_fedavgm", *SMALL, f"offline_data={OFFLINE}", *overrides, multirun=multirun,
+                 options=("--config-dir", str(EXAMPLE / "conf")), cwd=cwd, env={**os.environ, "PYTHONPATH": path},
+                 code=None)
 
 
 def config(monkeypatch, where: Path, algo: str, data_root, *overrides):
@@ -67,9 +64,10 @@ def test_the_page_shows_the_example_as_it_is_run():
     assert "[Add your own algorithm](docs/own-algorithm.md)" in (REPO / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_example_trains_certifies_its_target_and_its_audit_is_consistent(tmp_path, data_root):
-    out = train(tmp_path, data_root, "p=0.5", "rounds=20", "privacy.epsilon=2", "audit.canaries=1000",
-                f"hydra.run.dir={tmp_path / 'run'}")
+    out = train_outside(tmp_path, data_root, "p=0.5", "rounds=20", "privacy.epsilon=2", "audit.canaries=1000",
+                        f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["algo"] == "dp_fedavgm" and summary["final_round"] == 20
@@ -90,8 +88,12 @@ def test_a_key_the_example_does_not_take_or_a_bad_value_is_refused_by_name(monke
         validate(example(monkeypatch, data_root, "algo.mu=1.5"))
     with pytest.raises(ConfigError, match=r"algo.gamma=-1; allowed: a number > 0"):           # its family's
         validate(example(monkeypatch, data_root, "algo.gamma=-1"))
+    with pytest.raises(ConfigError, match=r"algo.mu=0.5; allowed: 0.9 without momentum"):   # rules.unread's default:
+        checks.unread(example(monkeypatch, data_root, "algo.mu=0.5"), "algo.mu", "without momentum")   # its own
+    checks.unread(example(monkeypatch, data_root, "algo.mu=0.9"), "algo.mu", "without momentum")
 
 
+@pytest.mark.slow
 def test_the_example_with_a_tenth_of_its_noise_is_refuted_by_its_audit(monkeypatch, tmp_path, data_root):
     real = mechanisms._gaussian
     monkeypatch.setattr(mechanisms, "_gaussian", lambda v, std, gen: real(v, std / 10, gen))
@@ -101,19 +103,21 @@ def test_the_example_with_a_tenth_of_its_noise_is_refuted_by_its_audit(monkeypat
     assert max(audit["eps_lower"], audit["eps_lower_curve"]) > audit["eps_certified"]
 
 
+@pytest.mark.slow
 def test_a_killed_run_of_the_example_resumes_as_it_never_stopped(monkeypatch, tmp_path, data_root):
     summary = resumed_equals_whole(example(monkeypatch, data_root, "p=0.5", "backend=sequential",
                                            "audit.canaries=50"), tmp_path)
     assert summary["audit"]["steps_observed"] == summary["steps"] == 12
 
 
+@pytest.mark.slow
 def test_runs_of_the_example_side_by_side_equal_the_runs_alone_and_collect_draws_them(monkeypatch, tmp_path,
                                                                                       data_root):
     """Four runs step as one until the two shorter end; the two longer go on as a group made from their own state
     (views of the first group's, though the example's round binds ``m`` anew each round)."""
-    out = train(tmp_path, data_root, "hydra/launcher=stacked", "backend=stacked", "p=0.5", "algo.mu=0.5,0.9",
-                "rounds=8,12", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweep.subdir=${algo.mu}-${rounds}",
-                multirun=True)
+    out = train_outside(tmp_path, data_root, "hydra/launcher=stacked", "backend=stacked", "p=0.5",
+                        "algo.mu=0.5,0.9", "rounds=8,12", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                        "hydra.sweep.subdir=${algo.mu}-${rounds}", multirun=True)
     assert out.returncode == 0, out.stderr[-3000:]
     for mu, rounds in [(m, r) for m in (0.5, 0.9) for r in (8, 12)]:
         together = tmp_path / "sweep" / f"{mu}-{rounds}"
@@ -122,6 +126,8 @@ def test_runs_of_the_example_side_by_side_equal_the_runs_alone_and_collect_draws
         alone = tmp_path / "alone" / f"{mu}-{rounds}"
         run(example(monkeypatch, data_root, "backend=stacked", "p=0.5", f"algo.mu={mu}", f"rounds={rounds}"), alone)
         assert_same_run(alone, together)
+    jobs = (tmp_path / "sweep" / "jobs.md").read_text()                  # the sweep's own table
+    assert jobs.count(" completed ") == 4 and "algo.mu" in jobs, jobs
     plot = tmp_path / "curves.png"
     table = subprocess.run([sys.executable, "-m", "normfl.collect", str(tmp_path / "sweep"), "--plot", str(plot)],
                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -132,6 +138,7 @@ def test_runs_of_the_example_side_by_side_equal_the_runs_alone_and_collect_draws
 # -- a held-out algorithm, on the base class ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_held_out_algorithm_trains_privately_is_audited_and_resumes(monkeypatch, tmp_path, data_root):
     summary = run(held_out(monkeypatch, data_root, "rounds=20", "privacy.epsilon=2", "audit.canaries=1000"),
                   tmp_path / "audited")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,6 @@ import pytest
 from normfl.data import dirichlet, iid, label_histogram, natural, sampled_shards, shards
 from normfl.run import build_data
 from tests.helpers import composed
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def labels_for(n: int, classes: int = 10, seed: int = 0) -> np.ndarray:

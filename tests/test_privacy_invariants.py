@@ -19,7 +19,7 @@ from normfl.privacy.accounting import GaussianRelease, Ledger
 from normfl.privacy.mechanisms import Gaussian
 from normfl.privacy.qtdl import QTDL, Binomial
 from normfl.results import Recorder
-from tests.test_algorithms import Quadratic
+from tests.helpers import Quadratic
 
 MAGNITUDES = [0.0, 1e-30, 1e-6, 1.0, 1e6, 1e30]        # zero, tiny, ordinary and huge; never NaN or inf
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,6 +68,7 @@ def test_every_released_vector_respects_the_upload_bound(centers, x0, beta, algo
         assert float(norms.max()) <= a.bounding.bound * (1 + 1e-5), (algo, float(norms.max()), a.bounding.bound)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(data=extreme_stacks(n=5, d=8), clip=st.sampled_from([1e-3, 0.1, 1.0]),
        way=st.sampled_from(["layer norms", "vmap", "stacked"]))
@@ -114,6 +115,7 @@ def test_noise_has_the_configured_std():
         assert abs(sample.double().std().item() - std) <= 5 * std / math.sqrt(2 * n), std
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(z=st.floats(0.5, 8.0), q=st.sampled_from([1.0, 0.25, 0.01]), k=st.integers(1, 400),
        more=st.integers(1, 400), factor=st.floats(1.05, 3.0))

@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 from normfl.config import ConfigError, config_key, validate
 from normfl.data import ClientData, Preprocess
 from normfl.run import run, start
-from tests.test_stacked import config
+from tests.helpers import config
 
-BASE = ["algo=normec", "batch_size=32"]     # with test_determinism's BASE: 4 clients of 200 samples, 6 steps a pass
+BASE = ["algo=normec", "batch_size=32"]     # with config()'s BASE: 4 clients of 200 samples, 6 steps a pass
 
 
 def test_a_pass_takes_every_sample_of_every_shard_once_then_reshuffles():
@@ -46,6 +46,7 @@ def test_pass_run_is_the_text_run_of_as_many_steps_recorded_once_a_pass(tmp_path
     assert np.load(tmp_path / "pass" / "params.npy").tobytes() == np.load(tmp_path / "text" / "params.npy").tobytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("K, same_noise_as_text", [("rounds", False), ("releases", True)])
 def test_private_pass_run_counts_every_release(K, same_noise_as_text, tmp_path, data_root):
     """The accountants charge every release (12 here); the papers' formula counts K = rounds (2 passes) or,
@@ -76,6 +77,7 @@ def test_pass_reading_is_refused_where_a_round_is_defined_otherwise(overrides, a
         validate(config(data_root, "reading=pass", *overrides))
 
 
+@pytest.mark.slow
 def test_pass_run_resumes_from_a_pass_boundary(tmp_path, data_root):
     cfg = config(data_root, *BASE, "reading=pass", "rounds=3", "eval_every=1", "checkpoint_every=1")
     (tmp_path / "killed").mkdir(), (tmp_path / "whole").mkdir()

@@ -8,15 +8,13 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tests.conftest import OFFLINE
+from tests.helpers import CONF, OFFLINE, REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["rounds=2", "eval_every=1", "dataset.train_limit=600", "dataset.test_limit=100"]
 
 
@@ -39,6 +37,7 @@ def test_the_block_holds_the_six_tasks():
     assert sum(c.startswith("python -m normfl.collect") for c, _ in commands) == 2
 
 
+@pytest.mark.slow
 def test_the_first_hour_runs_as_written(tmp_path, data_root):
     from normfl.data import load_fashion_mnist
 
@@ -48,7 +47,7 @@ def test_the_first_hour_runs_as_written(tmp_path, data_root):
     for command, marker in first_hour():
         words = shlex.split(command)
         if marker == "GPU":                             # no GPU here: the overrides compose into a valid config
-            with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
                 assert compose(config_name="config", overrides=words[2:]).device.name == "cuda"
             continue
         if marker == "SLURM":                           # no cluster here: make hands the launcher to the driver

@@ -29,6 +29,7 @@ from normfl.reproduce.jobs import Job
 BUDGET_PER_RUN, BUDGET_TOTAL = 20_000, 8_000_000          # bytes: the repository travels to GPU boxes
 
 
+@pytest.mark.slow
 def test_the_committed_records_are_small_and_true_to_their_keys():
     committed = jobs.ROOT / "outputs" / "records"
     recs = [d for d in committed.glob("*") if d.is_dir()] if committed.is_dir() else []
@@ -75,6 +76,7 @@ def clone(tmp_path, monkeypatch):
     return switch
 
 
+@pytest.mark.slow
 def test_a_run_is_packed_once_and_a_differing_record_is_refused(clone, data_root, tmp_path):
     store = clone("a")
     j = job(data_root, "rounds=5")
@@ -95,6 +97,7 @@ def test_a_run_is_packed_once_and_a_differing_record_is_refused(clone, data_root
     assert (rec / "metrics.csv.xz").read_bytes() != (other / "metrics.csv.xz").read_bytes()   # never overwritten
 
 
+@pytest.mark.slow
 def test_a_campaign_plans_by_the_wall_times_of_its_grids_finished_runs(clone, data_root, tmp_path):
     store = clone("a")
     done = job(data_root, "rounds=5", "seed=0")
@@ -136,6 +139,7 @@ def test_a_campaign_says_each_run_s_end_when_it_comes_not_in_the_plan_s_order(cl
     assert ends == [fast.key, slow.key]
 
 
+@pytest.mark.slow
 def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_root, tmp_path, monkeypatch):
     store, scratch = clone("a"), tmp_path / "scratch"
     scratch.mkdir()
@@ -172,6 +176,7 @@ def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_
     assert list(scratch.iterdir()) == []                                 # the runs made again are gone
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stack", [1, 2])
 def test_a_campaign_cut_by_its_budget_continues_elsewhere_to_the_same_record(stack, clone, data_root, tmp_path,
                                                                             monkeypatch):
@@ -256,6 +261,7 @@ def test_an_archive_over_the_limit_comes_in_parts_and_a_checkpoint_too_big_is_na
     assert sorted(d.name for d in home.iterdir()) == ["normec-ckpt0", "normec-ckpt1", "normec-ckpt3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("driver", ["run", "campaign"])
 def test_ctrl_c_stops_a_driver_its_runs_checkpointed_none_failed_and_none_started_after(driver, clone, data_root,
                                                                                          tmp_path):

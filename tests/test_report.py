@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from normfl.reproduce import figures, jobs, records, report, targets
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow            # the first report a worker draws takes 16 s, whichever test it is
+
 COMMITTED = REPO / "outputs" / "records"
 TABLES = (".md", ".csv")
 

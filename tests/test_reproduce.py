@@ -9,11 +9,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from normfl.config import config_key, validate
+from normfl.config import compose, config_key, validate
 from normfl.errors import ConfigError
 from normfl.reproduce import figures, jobs, records, report, store, targets
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=2", "eval_every=1",
         "dataset.train_limit=600", "dataset.test_limit=200"]
 
@@ -97,6 +97,7 @@ def test_every_id_composes_under_both_profiles():
     assert slugs.replace("\\", " ").split() == [t.slug for t in targets.TARGETS.values()]
 
 
+@pytest.mark.slow
 def test_a_grids_configs_are_hydras_own():
     """``jobs.compose`` composes the config groups once and sets each run's values on a copy, with Hydra's
     own function: the same configs as Hydra composing every run whole (checked here on the first and last
@@ -113,7 +114,7 @@ def test_a_grids_configs_are_hydras_own():
                 points = jobs.grid_points(t.grid, profile)
                 cases |= {tuple(jobs.point_overrides(p, profile)) for p in (points[0], points[-1])}
     for overrides in cases:
-        whole = jobs._groups(overrides)                          # Hydra composing the run whole
+        whole = compose.whole(overrides)                         # Hydra composing the run whole
         assert OmegaConf.to_yaml(jobs.compose(overrides)) == OmegaConf.to_yaml(whole), overrides
         assert OmegaConf.is_struct(jobs.compose(overrides))
     with pytest.raises(ConfigCompositionException, match="algo.no_such_key"):
@@ -150,6 +151,7 @@ def test_run_missing_leaves_a_run_another_live_process_holds(tmp_path):
     assert (d / "metrics.csv").read_text() == "round\n0\n" and "held by another live process" in logs[0]
 
 
+@pytest.mark.slow
 def test_run_missing_trains_only_what_is_missing_and_records_failures(tmp_path, data_root, monkeypatch):
     monkeypatch.setenv("NORMFL_DATA", str(data_root))
     good = [jobs.Job({}, [*TINY, f"seed={s}"], key=f"k{s}") for s in (0, 1)]
@@ -167,6 +169,7 @@ def test_run_missing_trains_only_what_is_missing_and_records_failures(tmp_path, 
     assert "record refused" in logs[-1]                        # a folder named k1 is not its config's key
 
 
+@pytest.mark.slow
 def test_run_missing_stacks_runs_that_share_model_and_data(tmp_path, data_root, monkeypatch):
     """With ``stack``, runs that share model, data and seed train in one process; each lands in its own store
     folder with its config, and a refused one is recorded as failed with the reason."""
@@ -284,9 +287,10 @@ def test_every_kind_draws_from_stored_runs(tmp_path, monkeypatch):
         table, comp, fig = fn(target, df, "quick")
         assert len(table) and set(comp.columns) == {"what", "ours", "paper", "diff"}, kind
         if fig is not None:
-            assert [p.suffix for p in figures._save(fig, tmp_path / "out" / kind, kind, "note")] == [".png", ".pdf"]
+            assert [p.suffix for p in figures.save(fig, tmp_path / "out" / kind, kind, "note")] == [".png", ".pdf"]
 
 
+@pytest.mark.slow
 def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, capsys, data_root):
     """scripts/main_job.py, what `make run` prints: the main job's accuracy against NORMEC Table 2's cell
     (α-NormEC with SN, β = γ = 0.1: 85.43%), and no comparison for a setting the paper does not print."""

@@ -3,43 +3,21 @@ the runs made alone, for every algorithm, up to float rounding."""
 
 import json
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from normfl.engine.capture import StaticPass
 from normfl.engine.lockstep import Lockstep
 from normfl.engine.stacked import StackedPass
 from normfl.run import run, train_together
-from tests.helpers import assert_same_run, outputs
-from tests.test_determinism import ALGOS, BASE, EXTRA
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import ALGOS, EXTRA, MODELS, assert_same_run, config, outputs
 
 
-def config(data_root, *overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=[*BASE, f"data_root={data_root}", *overrides])
-
-
-# Every client operator on a model it is run with: T local GD steps on ResNet20 with GroupNorm, NFA's local
-# SGD with momentum on the MLP, DP-SGD's per-sample clipping on the CNN, one gradient on ResNet20 with
-# BatchNorm (its running statistics too: they enter the test loss).
-CIFAR = ["dataset=cifar10", "dataset.train_limit=96", "dataset.test_limit=50", "batch_size=8", "clients=3"]
-MODELS = {
-    "resnet20-batch normec": [*CIFAR, "algo=normec", "model=resnet20"],
-    "resnet20-group fed_normec": [*CIFAR, "algo=fed_normec", "model=resnet20", "model.norm=group",
-                                  "algo.local_steps=2"],
-    "mlp normfedavg": ["algo=normfedavg", "model=mlp", "algo.local_steps=2"],
-    "cnn dpfl": ["algo=dpfl", "model=cnn", "model.hidden=32"],
-}
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [[f"algo={a}", *EXTRA.get(a, [])] for a in ALGOS] + list(MODELS.values()),
                          ids=[*ALGOS, *MODELS])
 def test_stacked_equals_sequential(overrides, tmp_path, data_root):
@@ -58,6 +36,7 @@ def test_stacked_equals_sequential(overrides, tmp_path, data_root):
     assert_same_run(tmp_path / "sequential", tmp_path / "stacked", rtol=rtol)
 
 
+@pytest.mark.slow
 def test_runs_side_by_side_equal_the_runs_made_alone(tmp_path, data_root, monkeypatch):
     """Four runs of different algorithms and settings share one process; each ends as it does alone. The two
     α-NormEC runs step as one vectorized group (one pass), the others in lockstep (one pass). A diverging run

@@ -3,16 +3,13 @@
 values on a device), counted on the CPU across rounds between two evaluations, for every algorithm family
 (``normfl.syncs``)."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from normfl.run.training import start
 from normfl.syncs import Counter, host_side, reading
+from tests.helpers import CIFAR_RESNET20, SCALAR_GRIDS, composed, config
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["dataset=fashion_mnist", "model=mlp", "dataset.train_limit=400", "dataset.test_limit=100", "clients=4",
          "batch_size=8", "device=cpu", "progress=false", "checkpoint_every=0", "rounds=8", "eval_every=100"]
 FAMILIES = {
@@ -34,9 +31,8 @@ FAMILIES = {
 
 
 def counted(overrides, tmp_path, data_root, rounds=3):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        small = [o for o in SMALL if not (o.startswith("batch_size=") and "oracle=full" in overrides)]  # unread
-        cfg = compose("config", overrides=[*small, *overrides, f"data_root={data_root}"])
+    small = [o for o in SMALL if not (o.startswith("batch_size=") and "oracle=full" in overrides)]      # unread
+    cfg = composed(*small, *overrides, f"data_root={data_root}")
     t = start(cfg, tmp_path / "run")
     try:
         t.record(*t.algo.round(t.step, t.x, t.clients))     # a first round: what is made on first use
@@ -49,6 +45,7 @@ def counted(overrides, tmp_path, data_root, rounds=3):
         t.rundir.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_no_host_sync_between_evaluations(family, tmp_path, data_root):
     syncs = counted(FAMILIES[family], tmp_path, data_root)
@@ -118,6 +115,7 @@ def test_batchnorm_copies_made_each_pass_wait_for_nothing():
 GROUPS = ["normec", "dp", "dp_dpsgd", "fed_normec", "dp_fed_normec", "dp_fedavg", "dp_fedavg_server", "resnet20"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid", GROUPS)
 def test_runs_side_by_side_step_as_one_without_a_host_sync(grid, tmp_path, data_root):
     """A vectorized group's round (``run.vectorized``: each run's noise from its own privatizer, one participation
@@ -125,12 +123,9 @@ def test_runs_side_by_side_step_as_one_without_a_host_sync(grid, tmp_path, data_
     run) reads nothing from the device between evaluations either: on a GPU, 16 runs side by side would otherwise
     wait for it once a run or more every round."""
     from normfl.run import vectorized
-    from tests.test_stacked import config
-    from tests.test_vectorized import CIFAR, GRIDS
-
-    extra = CIFAR if grid == "resnet20" else ["rounds=6"] if "fed" in grid else []
+    extra = CIFAR_RESNET20 if grid == "resnet20" else ["rounds=6"] if "fed" in grid else []
     cache, trainings = {}, []
-    for i, overrides in enumerate(GRIDS[grid]):
+    for i, overrides in enumerate(SCALAR_GRIDS[grid]):
         cfg = config(data_root, "backend=stacked", "device=cpu", "eval_every=100", "checkpoint_every=0", *extra,
                      *overrides)
         trainings.append(start(cfg, tmp_path / str(i), cache, progress=False))

@@ -8,41 +8,11 @@ import pytest
 import torch
 
 from normfl.run import run, train_together, vectorized
-from tests.helpers import assert_same_run
-from tests.test_stacked import config
-
-GRIDS = {
-    "normec": [["algo=normec", "algo.beta=0.1", "algo.gamma=0.1"],
-               ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01", "algo.server_norm=false"],
-               ["algo=normec", "algo.beta=0.5", "algo.gamma=0.05", "algo.alpha=0.5"]],
-    "dp": [["algo=dp_normec", "algo.beta=0.1", "privacy.epsilon=8"],
-           ["algo=dp_normec", "algo.beta=0.3", "algo.gamma=0.05", "privacy.epsilon=2"]],
-    "clip21": [["algo=clip21", "algo.beta=0.5"], ["algo=dp_clip21", "algo.beta=1.0"],
-               ["algo=clip21", "algo.beta=2.0", "algo.gamma=0.05"]],
-    "resnet20": [["algo=normec", "algo.beta=0.1"], ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]],
-    "dpsgd": [["algo=dpsgd_norm", "algo.beta=0.1"], ["algo=dpsgd_norm", "algo.beta=1.0", "algo.gamma=0.05",
-                                                     "algo.alpha=0.5"]],
-    "dp_dpsgd": [["algo=dpsgd_norm", "algo.private=true", "algo.beta=0.1", "privacy.epsilon=8"],
-                 ["algo=dpsgd_norm", "algo.private=true", "algo.beta=0.3", "privacy.epsilon=2"]],
-    # every client computes and updates its memory; one participation draw (p) for the group, so some rounds
-    # upload from nobody (4 clients, p = 0.3, 6 rounds)
-    "fed_normec": [["algo=fed_normec", "p=0.3", "algo.beta=0.1"],
-                   ["algo=fed_normec", "p=0.3", "algo.beta=0.5", "algo.gamma=0.05", "algo.eta=0.2"],
-                   ["algo=fed_normec", "p=0.3", "algo.beta=1.0", "algo.server_norm=true", "algo.alpha=0.5"]],
-    "dp_fed_normec": [["algo=dp_fed_normec", "p=0.5", "algo.beta=0.1", "privacy.epsilon=8"],
-                      ["algo=dp_fed_normec", "p=0.5", "algo.beta=0.3", "algo.gamma=0.05", "privacy.epsilon=2"]],
-    # only the participants compute: the group's pass takes theirs (none in round 2)
-    "dp_fedavg": [["algo=dp_fedavg", "p=0.3", "algo.beta=0.1", "privacy.epsilon=8"],
-                  ["algo=dp_fedavg", "p=0.3", "algo.beta=0.3", "algo.gamma=0.05", "privacy.epsilon=2"]],
-    "dp_fedavg_server": [["algo=dp_fedavg", "algo.noise_by=server", "algo.beta=0.1", "algo.literal_psi=true"],
-                         ["algo=dp_fedavg", "algo.noise_by=server", "algo.beta=0.3", "algo.gamma=0.05",
-                          "algo.literal_psi=true"]],
-}
-CIFAR = ["dataset=cifar10", "model=resnet20", "dataset.train_limit=96", "dataset.test_limit=50", "batch_size=8",
-         "clients=3"]
+from tests.helpers import CIFAR_RESNET20, SCALAR_GRIDS, assert_same_run, config
 
 
-@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", SCALAR_GRIDS)
 def test_runs_that_differ_in_scalars_step_as_one_and_equal_the_runs_alone(grid, tmp_path, data_root, monkeypatch):
     """Runs that differ only in scalars step as one group, made once, and each ends as it does alone; sharing one
     seed, they draw each round's batches once for all of them (the host's draws: one ``next_batches`` a group
@@ -61,16 +31,16 @@ def test_runs_that_differ_in_scalars_step_as_one_and_equal_the_runs_alone(grid, 
     monkeypatch.setattr(vectorized.Group, "round", group_round)
     monkeypatch.setattr(ClientData, "next_batches", lambda self, ids=None, real=ClientData.next_batches:
                         (draws.append(id(self.streams)), real(self, ids))[1])
-    extra = CIFAR if grid == "resnet20" else ["rounds=6", "eval_every=3"] if "fed" in grid else []
+    extra = CIFAR_RESNET20 if grid == "resnet20" else ["rounds=6", "eval_every=3"] if "fed" in grid else []
     jobs = []
-    for i, overrides in enumerate(GRIDS[grid]):
+    for i, overrides in enumerate(SCALAR_GRIDS[grid]):
         (tmp_path / "together" / str(i)).mkdir(parents=True)
         jobs.append((config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "together" / str(i)))
     assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(jobs)
-    private = {i for i, o in enumerate(GRIDS[grid]) if "algo=dp_clip21" in o}   # Clip21 and DP-Clip21: apart
+    private = {i for i, o in enumerate(SCALAR_GRIDS[grid]) if "algo=dp_clip21" in o}   # Clip21 and DP-Clip21: apart
     assert made == [len(jobs) - len(private)]                                  # one group, made once
     assert per_round and set(per_round) == {1}                                 # one draw a round for the group
-    for i, overrides in enumerate(GRIDS[grid]):
+    for i, overrides in enumerate(SCALAR_GRIDS[grid]):
         (tmp_path / "alone" / str(i)).mkdir(parents=True)
         run(config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "alone" / str(i))
         assert_same_run(tmp_path / "alone" / str(i), tmp_path / "together" / str(i),
@@ -136,6 +106,7 @@ def test_a_grouped_federated_run_checkpoints_its_own_memories(tmp_path, data_roo
             t.rundir.release()
 
 
+@pytest.mark.slow
 def test_a_groups_pass_on_static_buffers_equals_the_plain_pass(tmp_path, data_root):
     """With ``capture=auto`` a group's R·n clients go through one pass on static buffers (eager here), each run's
     BatchNorm copies starting from and folding into its own model: the runs end as with the plain pass
@@ -152,12 +123,12 @@ def test_a_groups_pass_on_static_buffers_equals_the_plain_pass(tmp_path, data_ro
 
     for capture in ("auto", "off"):
         jobs = []
-        for i, overrides in enumerate(GRIDS["resnet20"]):
+        for i, overrides in enumerate(SCALAR_GRIDS["resnet20"]):
             (tmp_path / capture / str(i)).mkdir(parents=True)
-            jobs.append((config(data_root, "backend=stacked", *CIFAR, *overrides, f"capture={capture}"),
+            jobs.append((config(data_root, "backend=stacked", *CIFAR_RESNET20, *overrides, f"capture={capture}"),
                          tmp_path / capture / str(i)))
         assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(jobs)
-    for i in range(len(GRIDS["resnet20"])):
+    for i in range(len(SCALAR_GRIDS["resnet20"])):
         a, b = (tmp_path / c / str(i) for c in ("auto", "off"))
         pd.testing.assert_frame_equal(*(pd.read_csv(d / "metrics.csv").drop(columns="wall_time") for d in (a, b)),
                                       check_exact=not cuda, rtol=1e-4)
@@ -191,7 +162,7 @@ def test_grouped_runs_stopped_by_a_signal_resume_to_the_runs_made_alone(grid, tm
 
     extra = ["rounds=6", "eval_every=3"]
     jobs = []
-    for i, overrides in enumerate(GRIDS[grid]):
+    for i, overrides in enumerate(SCALAR_GRIDS[grid]):
         (tmp_path / "together" / str(i)).mkdir(parents=True)
         jobs.append((config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "together" / str(i)))
     with monkeypatch.context() as m:
@@ -209,7 +180,7 @@ def test_grouped_runs_stopped_by_a_signal_resume_to_the_runs_made_alone(grid, tm
         assert [s["status"] for s in train_together(jobs)] == ["completed"] * len(jobs)
     assert made == [len(jobs)]                           # grouped again, from their checkpoints
     assert caplog.text.count("resuming from round 3") == len(jobs)
-    for i, overrides in enumerate(GRIDS[grid]):
+    for i, overrides in enumerate(SCALAR_GRIDS[grid]):
         (tmp_path / "alone" / str(i)).mkdir(parents=True)
         run(config(data_root, "backend=stacked", *extra, *overrides), tmp_path / "alone" / str(i))
         assert_same_run(tmp_path / "alone" / str(i), tmp_path / "together" / str(i))

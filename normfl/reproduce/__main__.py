@@ -277,4 +277,4 @@ if __name__ == "__main__":
     except ConfigError as err:
         sys.exit(f"normfl: {err}")
     except KeyboardInterrupt as err:        # said where it stopped (store.Stop); no traceback, the shell's code
-        sys.exit(128 + getattr(err, "signum", signal.SIGINT))         # SIGTERM to `together`: training.Stopped
+        sys.exit(128 + getattr(err, "signum", signal.SIGINT))         # SIGTERM to `together`: signals.Stopped

@@ -8,7 +8,7 @@ another clone adopts.
 A campaign lists the runs it will train, in order, and trains them one after another (``--parallel``
 at once; with ``--stack``, 16 by default on a GPU, runs that share model, data and seed side by side in one
 process). A run still going when the budget is nearly spent gets Ctrl-C, so it saves a checkpoint where it
-stands and stops (``normfl.run.training.Interrupts``); so do the runs under way when the campaign itself gets
+stands and stops (``normfl.run.signals.Interrupts``); so do the runs under way when the campaign itself gets
 Ctrl-C or SIGTERM (``store.Stop``), and the archive is then written as at the budget's end. A later campaign,
 here or where the archive is adopted with its checkpoints, continues a stopped run. Finished runs become
 records (``records.pack``); the archive holds them and, with ``--checkpoints``, each unfinished run's

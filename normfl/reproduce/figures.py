@@ -3,27 +3,23 @@
 Each ID gets ``docs/reproduction/<profile>/<id>.{png,pdf}`` (figures) and/or ``.md`` / ``.csv``
 (tables and the cells of heatmaps). Every table has the columns ours | paper | diff where the paper
 prints a number, and a caption line with the data source and the profile. ``compare`` returns the
-same comparison rows for the report.
+same comparison rows for the report. Cells, a run's curve and the writing of a figure are ``normfl.render``'s,
+which ``normfl.collect`` shares.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import textwrap
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+from omegaconf import OmegaConf
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from normfl.reproduce import jobs, records, store  # noqa: E402
-from normfl.reproduce.paper import paper_numbers, paper_value  # noqa: E402
+from normfl.render import curve, fmt, markdown_table, plt, save
+from normfl.reproduce import jobs, records, store
+from normfl.reproduce.paper import paper_numbers, paper_value
 
 OUT = store.ROOT / "docs" / "reproduction"
 DATASETS = {"load_cifar10": "cifar10", "load_fashion_mnist": "fashion_mnist"}
@@ -55,13 +51,6 @@ def runs(target, profile: str, store_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@functools.cache
-def curve(run_dir: Path) -> pd.DataFrame:
-    """A finished run's metrics, from a run directory or a record (read once per process: figures and the
-    report share runs; callers must not modify the frame)."""
-    return pd.read_csv(records.metrics_file(run_dir))
-
-
 def caption(df: pd.DataFrame, profile: str) -> str:
     done = df[df.status.isin(store.FINISHED)]
     parts = [f"profile **{profile}**", f"{len(done)} of {len(df)} runs stored"]
@@ -85,16 +74,6 @@ def tuned(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return ok.loc[ok.groupby(by, dropna=False)["final_acc"].idxmax().values].sort_values(by)
 
 
-def fmt(v) -> str:
-    """A table cell: numbers with two decimals (two significant digits below 0.1, so that β = 0.001
-    is not printed as 0.00), "–" where there is none."""
-    if v is None or pd.isna(v):
-        return "–"
-    if not isinstance(v, float):
-        return str(v)
-    return f"{v:.2f}" if v == 0 or abs(v) >= 0.1 else f"{v:.2g}"
-
-
 # ---------------------------------------------------------------- writers
 def _paper(target_id: str) -> pd.DataFrame:
     p = paper_numbers()
@@ -108,25 +87,6 @@ def _write_table(csv: pd.DataFrame, md: pd.DataFrame, path: Path, title: str, no
     md = [f"# {title}", "", note, "", body, ""]
     path.with_suffix(".md").write_text("\n".join(md))
     return [path.with_suffix(".md"), path.with_suffix(".csv")]
-
-
-def markdown_table(table: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-def _save(fig, path: Path, title: str, note: str, suffixes=(".png", ".pdf")) -> list[Path]:
-    """Title ``fig``, write it as ``path`` with each of ``suffixes`` and close it (also ``normfl.collect``'s)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    width = int(fig.get_figwidth() * 15)                # characters of 8 pt type across the figure
-    fig.suptitle("\n".join([title, *textwrap.wrap(note.replace("**", ""), width)]), fontsize=8)
-    fig.tight_layout()
-    out = [path.with_suffix(s) for s in suffixes]
-    for p in out:                        # no timestamps: a redraw of the same runs is byte-identical
-        fig.savefig(p, dpi=120, metadata={"CreationDate": None} if p.suffix == ".pdf" else {})
-    plt.close(fig)
-    return out
 
 
 def _comparison(rows: list[tuple[str, float | None, float | None]]) -> pd.DataFrame:
@@ -440,7 +400,7 @@ def draw(target, profile: str, store_dir: Path, out: Path = OUT, images: bool = 
     csv, md = table if isinstance(table, tuple) else (table, table)   # a kind may lay out the .md differently
     written = _write_table(csv, md, base, title, note)
     if fig is not None and images:
-        written += _save(fig, base, title, note)
+        written += save(fig, base, title, note)
     elif fig is not None:
         plt.close(fig)
     return written

@@ -15,8 +15,6 @@ store key and the paper's name for it. Two kinds of file feed it; training reads
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import functools
 import itertools
 import re
@@ -27,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normfl.config import GRID_PROFILES as PROFILES
 from normfl.config import config_key
+from normfl.config.compose import compose, on_conf
 from normfl.errors import ConfigError
 
 HERE = Path(__file__).resolve().parent
@@ -160,58 +159,9 @@ def has_profile(name: str, profile: str) -> bool:
 
 
 @functools.cache
-def compose(overrides: tuple[str, ...]) -> DictConfig:
-    """The root config with these overrides, as Hydra composes it (once per process: figures share runs).
-    Hydra builds the defaults from the config-group overrides, then sets the other overrides' values on
-    the result; most runs of a grid differ only in values, so the first step is made once per choice of
-    groups (``_groups``) and only the second is made per run, by Hydra's own function."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    values = [o for o in parsed if _sets_a_value(o)]
-    cfg = copy.deepcopy(_groups(tuple(o.input_line for o in parsed if o not in values)))
-    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-    return cfg
-
-
-@functools.cache
 def key(overrides: tuple[str, ...]) -> str:
     """The store key of the run these overrides make (once per process: the IDs' grids share many runs)."""
     return config_key(compose(overrides))
-
-
-@functools.cache
-def _groups(overrides: tuple[str, ...]) -> DictConfig:
-    from hydra import compose as hydra_compose
-
-    with _hydra():
-        return hydra_compose(config_name="config", overrides=list(overrides))
-
-
-@contextlib.contextmanager
-def _hydra():
-    """Hydra initialised on ``conf/``, its config loader; Hydra is left as it was found."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield GlobalHydra.instance().config_loader()
-
-
-def _sets_a_value(override) -> bool:
-    """Whether Hydra sets ``override`` on the composed config rather than choosing a config group with it
-    (as ``hydra._internal.defaults_list.Overrides`` sorts them); Hydra's own and sweep overrides stay with
-    the groups, in the whole composition."""
-    if override.is_hydra_override() or override.is_sweep_override():
-        return False
-    return isinstance(override.value(), dict) or not _is_group(override.key_or_group)
-
-
-@functools.cache
-def _is_group(name: str) -> bool:
-    with _hydra() as loader:
-        return loader.repository.group_exists(name)
 
 
 def point_overrides(point: dict, profile: str) -> list[str]:
@@ -223,7 +173,7 @@ def point_overrides(point: dict, profile: str) -> list[str]:
 def launchers() -> list[str]:
     """The Hydra launchers ``train.py -m`` can be given here (``hydra/launcher=...``): normfl's and the
     installed plugins'."""
-    with _hydra() as loader:
+    with on_conf() as loader:
         return loader.get_group_options("hydra/launcher")
 
 

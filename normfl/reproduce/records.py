@@ -26,11 +26,11 @@ from omegaconf import OmegaConf
 from normfl.config import config_key
 from normfl.errors import ConfigError
 from normfl.reproduce.jobs import ROOT
-from normfl.results import FINISHED
+from normfl.results import FINISHED, config_file
+from normfl.results import RECORD_METRICS as METRICS
 
 RECORDS = Path(os.environ.get("NORMFL_RECORDS") or ROOT / "outputs" / "records")   # the tests keep theirs apart
 FILES = ("config.yaml", "summary.json", "metrics.csv.xz")
-METRICS = "metrics.csv.xz"
 PLACE_AND_TIME = ("wall_time_s", "seconds_per_round", "peak_rss_mb", "threads", "backend", "device", "device_name",
                   "data_source", "versions", "commit", "adopted_from", "adopted_key")   # differ between two makings
 
@@ -45,18 +45,6 @@ class RecordError(ConfigError):
 def locate(key: str, store: Path) -> Path:
     """Where a run of this key is read from: its record when there is one, else the working store's folder."""
     return RECORDS / key if (RECORDS / key / "summary.json").is_file() else store / key
-
-
-def config_file(run_dir: Path) -> Path:
-    """A run's config: a record's ``config.yaml``, else a run directory's ``.hydra/config.yaml``."""
-    run_dir = Path(run_dir)
-    return run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else run_dir / ".hydra" / "config.yaml"
-
-
-def metrics_file(run_dir: Path) -> Path:
-    """A run's per-round table: a run directory's ``metrics.csv``, else a record's ``metrics.csv.xz``."""
-    plain = Path(run_dir) / "metrics.csv"
-    return plain if plain.is_file() else Path(run_dir) / METRICS
 
 
 def contents(run_dir: Path) -> dict[str, bytes]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from normfl.render import fmt
 from normfl.reproduce import figures, jobs, store, targets
-from normfl.reproduce.figures import fmt
 
 HEADER = """# Reproduction status
 

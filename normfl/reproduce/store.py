@@ -36,10 +36,10 @@ def status(run_dir: Path) -> str:
 
 class Stop:
     """Ctrl-C, or SIGTERM as a batch scheduler sends it, to a driver whose runs train in child processes: the
-    first asks every child to save a checkpoint and stop (their own first Ctrl-C, ``run.training.Interrupts``)
+    first asks every child to save a checkpoint and stop (their own first Ctrl-C, ``run.signals.Interrupts``)
     and starts no more; a second is passed on too, so they stop at once. The children have process groups of
     their own, so a terminal's Ctrl-C reaches each through here, once per press; it goes to a child's whole
-    group, which holds the worker processes a child starts (a joblib sweep's: ``run.cli.SweepStop``). Signals
+    group, which holds the worker processes a child starts (a joblib sweep's: ``run.sweep.SweepStop``). Signals
     reach only the main thread; a driver elsewhere stops as before."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)

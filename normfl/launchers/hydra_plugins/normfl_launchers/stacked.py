@@ -36,7 +36,7 @@ class StackedLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from normfl.run import train_together
-        from normfl.run.cli import note
+        from normfl.run.sweep import note
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -55,6 +55,6 @@ class StackedLauncher(Launcher):
         summaries = train_together([(job.cfg, job.return_value[0], list(job.overrides), job.return_value[1])
                                     for job in jobs], self.max_runs)
         for idx, (job, summary) in enumerate(zip(jobs, summaries, strict=True), start=initial_job_idx):
-            job.return_value = summary
-            note(self.config.hydra.sweep.dir, idx, list(job.overrides), summary["status"])
+            run_dir, job.return_value = job.return_value[0], summary      # the run's folder: for jobs.md's table
+            note(self.config.hydra.sweep.dir, idx, list(job.overrides), summary["status"], run_dir)
         return jobs

@@ -1,6 +1,4 @@
-"""Test-only parts shared by the test modules: a run's config composed as train.py composes it; two runs compared
-(to a tolerance, or to the bit after a resume); algorithms loaded by config (tests/conf, through
-hydra.searchpath, or algo._target_=tests.helpers.NAME)."""
+"""Two runs compared: to a tolerance, or to the bit after a resume; and a markdown table read back."""
 
 import math
 from pathlib import Path
@@ -8,18 +6,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from hydra import compose, initialize_config_dir
 
-from normfl.algorithms import NormEC
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
-
-
-def composed(*overrides: str):
-    """conf/config.yaml with ``overrides``, as ``python train.py OVERRIDES`` composes it."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
+from .runs import ended, trained
 
 METRICS = ["train_loss", "test_loss", "test_acc"]
 
@@ -35,19 +23,6 @@ def assert_same_run(a: Path, b: Path, rtol=1e-4):
     for col in METRICS:
         np.testing.assert_allclose(mb[col], ma[col], rtol=rtol, atol=1e-6, err_msg=col)
     assert np.linalg.norm(pb - pa) <= rtol * np.linalg.norm(pa)
-
-
-def trained(t, until_step=None):
-    """``t`` trained to its end, or until it has taken ``until_step`` steps."""
-    while t.active and (until_step is None or t.step < until_step):
-        t.record(*t.round(t.step, t.x, t.clients))
-    return t
-
-
-def ended(t) -> tuple:
-    summary = t.finish()
-    t.rundir.release()
-    return t, summary
 
 
 def same(a, b, where="") -> None:
@@ -117,38 +92,7 @@ def resumed_equals_whole(cfg, tmp_path, kill_at=None):
     return summary
 
 
-class Crasher(NormEC):
-    """α-NormEC that raises in round 1, as an unforeseen bug would mid-run."""
-
-    def round(self, k, x, clients):
-        if k == 1:
-            raise RuntimeError("crashed on purpose in round 1")
-        return super().round(k, x, clients)
-
-
-class ForgetfulMomentum(NormEC):
-    """α-NormEC with heavy-ball momentum on the server's step, as a user might add it, the momentum ``m`` left out
-    of ``state``: a checkpoint would lose it."""
-
-    def setup(self, x0, num_clients, rounds, privacy, seed, **kw):
-        super().setup(x0, num_clients, rounds, privacy, seed, **kw)
-        self.m = None
-
-    def round(self, k, x, clients):
-        x_new, info = super().round(k, x, clients)
-        m = getattr(self, "m", None)
-        self.m = x_new - x if m is None else 0.9 * m + (x_new - x)
-        return x + self.m, info
-
-
-class LateMomentum(ForgetfulMomentum):
-    """The same, its momentum first made in round 0 (no value at set-up)."""
-
-    def setup(self, x0, num_clients, rounds, privacy, seed, **kw):
-        NormEC.setup(self, x0, num_clients, rounds, privacy, seed, **kw)
-
-
-class Momentum(ForgetfulMomentum):
-    """The same, its momentum declared."""
-
-    state = (*NormEC.state, "m")
+def rows(markdown: str) -> list[dict]:
+    """A markdown table's rows as {column: cell}."""
+    header, _, *body = [[c.strip() for c in line.strip("|").split("|")] for line in markdown.strip().splitlines()]
+    return [dict(zip(header, r, strict=True)) for r in body]
