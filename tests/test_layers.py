@@ -92,3 +92,10 @@ def test_hydras_private_api_is_imported_by_one_module():
         return False
     users = {str(p.relative_to(REPO)) for p in (REPO / "normfl").rglob("*.py") if private(p)}
     assert users == {"normfl/config/hydra_private.py"}
+
+
+def test_no_module_of_the_runner_the_driver_or_the_scripts_is_over_450_lines():
+    """One concern per file (issue 55.3): a module that grows past 450 lines is split by concern."""
+    modules = [*(REPO / "normfl").rglob("*.py"), *(REPO / "scripts").rglob("*.py"), REPO / "train.py"]
+    long = {str(p.relative_to(REPO)): n for p in modules if (n := len(p.read_text().splitlines())) > 450}
+    assert len(modules) > 100 and not long, long
