@@ -1,16 +1,8 @@
 """Reproduce the papers' figures and tables: ``python -m normfl.reproduce <command> ...``.
 
-    run IDS...      train the missing runs of each ID's grid, then draw its figure/table
-    campaign IDS... train their missing runs within --budget, record them, and write an archive of them
-    record          add the store's finished runs to the committed records (outputs/records)
-    figures [IDS]   draw figures/tables from stored runs only (all IDs by default)
-    report          write REPRODUCTION.md from stored runs
-    list            the IDs, their grid files and grid sizes
-    adopt DIRS...   copy finished hand-made runs into the store when a grid needs them; a campaign's
-                    archive (.tar.gz): merge its records and checkpoints into this clone
-    together DIRS.. train the runs whose configs the driver left in DIRS side by side (``run --stack``)
-    verify NAMES... train committed records again (named by key, or every one of an ID) and say whether each
-                    comes out identical, or by how much it differs
+One command per function below (``cmd_run``, ``cmd_campaign``, ...), each an argparse sub-command that declares
+only the options it reads: ``python -m normfl.reproduce --help`` lists the commands, ``... COMMAND --help`` gives
+one's options. An option a command does not read is refused, not ignored.
 
 IDs are written as in REPRODUCTION.md or as make targets (NORMEC-T2 = normec-t2 = normec_t2).
 """
@@ -34,177 +26,273 @@ from normfl.reproduce import jobs, records, store
 STORE_ENV = "NORMFL_STORE"      # where the run store is; default outputs/store under the working directory
 
 
-# what each command reads beyond its names; another option given to it is refused, not ignored
-READS = {"run": ("profile", "parallel", "threads", "stack", "match", "retry_failed", "dry_run", "store", "launcher"),
-         "campaign": ("profile", "parallel", "threads", "stack", "match", "dry_run", "store", "budget", "checkpoints",
-                      "archive"),
-         "record": ("store",), "figures": ("profile", "store"), "report": ("store",), "list": (),
-         "adopt": ("profile", "store"), "together": ("threads",), "verify": ("profile", "threads")}
-# what each command takes as names (the others take none)
-NAMES = {"run": "IDs", "campaign": "IDs", "figures": "IDs", "adopt": "run folders or archives",
-         "together": "run folders", "verify": "record keys or IDs"}
-
-
-def check_reads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse an option the command does not read, names where it takes none, and none where it needs them."""
-    for dest in dict.fromkeys(d for reads in READS.values() for d in reads):
-        if dest not in READS[args.command] and getattr(args, dest) != ap.get_default(dest):
-            takers = [c for c, reads in READS.items() if dest in reads]
-            raise ConfigError(f"--{dest.replace('_', '-')}", getattr(args, dest),
-                              f"only with {' or '.join(takers)} (not read by {args.command})")
-    if args.command not in NAMES and args.names:
-        raise ConfigError(args.command, args.names, "no names (it takes none)")
-    if args.command in ("adopt", "together", "verify") and not args.names:
-        raise ConfigError(args.command, [], f"one or more {NAMES[args.command]}")
-    if args.store is not None and not (args.store.is_dir() or (args.command in ("run", "campaign", "adopt")
-                                                                and not args.store.exists())):
-        raise ConfigError("--store", str(args.store), "an existing run store directory (run, campaign and adopt "
-                          "make a new one)")
-
-
 def store_dir(given: Path | None = None) -> Path:
     """The run store: ``given``, else $NORMFL_STORE, else outputs/store under the working directory; absolute,
     because runs are launched from the checkout."""
     return Path(given or os.environ.get(STORE_ENV) or "outputs/store").resolve()
 
 
-def main(argv=None) -> None:
-    sys.stdout.reconfigure(line_buffering=True)       # a campaign's log, read with tail -f, says each end at once
-    ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=("run", "campaign", "record", "figures", "report", "list", "adopt",
-                                        "together", "verify"))
-    ap.add_argument("names", nargs="*", help="IDs (run, figures), run folders (adopt, together), record keys or "
-                    "IDs (verify)")
-    ap.add_argument("--profile", default="paper", choices=jobs.PROFILES)
-    ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / parallel)")
-    ap.add_argument("--stack", type=int, default=None,
-                    help="runs sharing model, data and seed trained side by side in one process (default: 16 on a "
-                         "GPU, 1 on a CPU)")
-    ap.add_argument("--match", action="append", default=None,
-                    help="only the runs whose train.py command contains this text (given again: any of them)")
-    ap.add_argument("--retry-failed", action="store_true", help="also re-run runs stored as failed")
-    ap.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
-    ap.add_argument("--store", type=Path, default=None, help=f"the run store (default: ${STORE_ENV}, else "
-                    "outputs/store under the working directory)")
-    ap.add_argument("--launcher", default=None, help="train through this Hydra launcher (slurm, joblib, "
-                    "submitit_local, stacked): one `train.py -m` sweep per block of the grid, each job into its "
-                    "store folder; key=value words among the names go to train.py, e.g. hydra.launcher.partition=gpu")
-    ap.add_argument("--budget", default="25m", help="campaign: wall-clock time to train within (90s, 25m, 2h)")
-    ap.add_argument("--checkpoints", action="store_true", help="campaign: also archive unfinished runs' checkpoints")
-    ap.add_argument("--archive", type=Path, default=None, help="campaign: where to write the archive "
-                    "(default outputs/campaigns/<time>.tar.gz)")
-    args = ap.parse_intermixed_args(argv)
-    args.overrides = [n for n in args.names if "=" in n]
-    args.names = [n for n in args.names if "=" not in n]
-    check_reads(ap, args)
-    args.store = store_dir(args.store)
-    if args.overrides and args.launcher is None:
-        raise ConfigError("--launcher", None, f"a Hydra launcher for the train.py overrides {args.overrides}")
-    if args.launcher and args.match:
-        raise ConfigError("--match", args.match, "no --match with --launcher (a launcher trains whole sweeps)")
-    if args.launcher and args.launcher not in (have := jobs.launchers()):
-        raise ConfigError("--launcher", args.launcher, " | ".join(have))
-    for flag, value in (("--parallel", args.parallel), ("--threads", args.threads), ("--stack", args.stack)):
-        if value is not None and value < 1:
-            raise ConfigError(flag, value, "a whole number, at least 1")
+def option_groups() -> dict[str, argparse.ArgumentParser]:
+    """The options, each defined once, in groups that the commands reading them take as argparse parents."""
+    groups = {name: argparse.ArgumentParser(add_help=False)
+              for name in ("profile", "store", "threads", "train", "run", "campaign")}
+    groups["profile"].add_argument("--profile", default="paper", choices=jobs.PROFILES)
+    groups["store"].add_argument("--store", type=Path, default=None, help=f"the run store (default: ${STORE_ENV}, "
+                                 "else outputs/store under the working directory)")
+    groups["threads"].add_argument("--threads", type=int, default=None,
+                                   help="torch threads per run (default: cores / parallel)")
+    train = groups["train"]                     # run and campaign
+    train.add_argument("--parallel", type=int, default=1, help="runs trained at once")
+    train.add_argument("--stack", type=int, default=None,
+                       help="runs sharing model, data and seed trained side by side in one process (default: 16 "
+                            "on a GPU, 1 on a CPU)")
+    train.add_argument("--match", action="append", default=None,
+                       help="only the runs whose train.py command contains this text (given again: any of them)")
+    train.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
+    run = groups["run"]
+    run.add_argument("--retry-failed", action="store_true", help="also re-run runs stored as failed")
+    run.add_argument("--launcher", default=None, help="train through this Hydra launcher (slurm, joblib, "
+                     "submitit_local, stacked): one `train.py -m` sweep per block of the grid, each job into its "
+                     "store folder; key=value words among the names go to train.py, e.g. "
+                     "hydra.launcher.partition=gpu")
+    campaign = groups["campaign"]
+    campaign.add_argument("--budget", default="25m", help="wall-clock time to train within (90s, 25m, 2h)")
+    campaign.add_argument("--checkpoints", action="store_true", help="also archive unfinished runs' checkpoints")
+    campaign.add_argument("--archive", type=Path, default=None, help="where to write the archive "
+                          "(default outputs/campaigns/<time>.tar.gz)")
+    return groups
 
+
+def chosen(args) -> list:
+    """The IDs named, else every ID whose grid has the profile."""
     from normfl.reproduce import targets
 
-    def wanted(job) -> bool:
-        return args.match is None or any(m in job.command() for m in args.match)
+    return [targets.get(n) for n in args.names] or [t for t in targets.TARGETS.values()
+                                                     if jobs.has_profile(t.grid, args.profile)]
 
-    if args.command == "adopt" and args.names and all(n.endswith((".tar.gz", ".tgz")) for n in args.names):
-        from normfl.reproduce import campaign
 
-        if missing := [n for n in args.names if not Path(n).is_file()]:
-            raise ConfigError("adopt", missing, "archives that exist (a campaign's .tar.gz)")
-        refused = sum(campaign.adopt(Path(n), args.store) for n in args.names)
-        if refused:
-            sys.exit(f"normfl: {refused} record(s) refused, the rest merged")
-        return None
-    if args.command == "adopt":
-        return adopt(args.names, args.profile, args.store)
-    if args.command == "record":
-        for d in sorted(p.parent for p in args.store.glob("*/summary.json")):
-            if store.status(d) in store.FINISHED:
-                print(f"  {records.pack(d):6s} {d.name}")
-        return None
-    if args.command == "together":
-        return together(args.names, args.threads)
-    if args.command == "verify":
-        from normfl.reproduce import verify
-
-        run_dirs = verify.record_dirs(args.names, args.profile)
-        print(f"verify: {len(run_dirs)} record(s), trained again one at a time")
-        if differing := verify.verify(run_dirs, args.threads):
-            sys.exit(f"normfl: {differing} of {len(run_dirs)} record(s) did not come out identical")
-        return None
-    if args.command == "list":
-        for t in targets.TARGETS.values():
-            sizes = ", ".join(f"{p} {len(jobs.grid_points(t.grid, p))}" for p in jobs.PROFILES
-                              if jobs.has_profile(t.grid, p))
-            print(f"{t.id:14s} grids/{t.grid}.yaml, grid points: {sizes}; {t.title}")
-        return None
-    chosen = [targets.get(n) for n in args.names] or [t for t in targets.TARGETS.values()
-                                                       if jobs.has_profile(t.grid, args.profile)]
-    grids = {t.id: [j for j in jobs.jobs(t.grid, args.profile) if wanted(j)]
-             for t in chosen if args.command in ("run", "campaign")}
+def grid_jobs(args, ids: list) -> dict[str, list]:
+    """Each ID's runs, only those whose train.py command contains a --match text when there is one."""
+    grids = {t.id: [j for j in jobs.jobs(t.grid, args.profile)
+                    if args.match is None or any(m in j.command() for m in args.match)] for t in ids}
     if args.match and not any(grids.values()):
         raise ConfigError("--match", args.match, "text in the train.py command of at least one run of "
-                          f"{', '.join(t.id for t in chosen)} (`--dry-run` without --match lists them)")
-    if args.command == "campaign":
-        from normfl.reproduce import campaign
+                          f"{', '.join(t.id for t in ids)} (`--dry-run` without --match lists them)")
+    return grids
 
-        job_list = list({j.key: j for t in chosen for j in grids[t.id]}.values())
-        try:
-            budget = campaign.seconds(args.budget)
-        except ValueError as err:
-            raise ConfigError("--budget", args.budget, "a duration such as 90s, 25m or 2h") from err
-        if budget <= 0:
-            raise ConfigError("--budget", args.budget, "a duration above zero, such as 90s, 25m or 2h")
-        if args.archive is not None and (there := campaign.parts_there(args.archive)):
-            raise ConfigError("--archive", str(args.archive), f"a path where no archive is yet ({there[0]} is "
-                              "there, and a campaign never writes over one)")
-        from normfl.engine.flat import pick_device
 
-        paths = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints,
-                             args.archive, dry_run=args.dry_run, stack=args.stack or store.default_stack(),
-                             device=pick_device("auto").type)
+def draw(ids: list, args) -> None:
+    """Draw each ID's figure or table from the stored runs."""
+    from normfl.reproduce import figures
+
+    for t in ids:
+        for path in figures.draw(t, args.profile, args.store):
+            print(f"  wrote {path.relative_to(store.ROOT)}")
+
+
+def cmd_run(args) -> None:
+    """Train the missing runs of each ID's grid, then draw its figure or table.
+
+    Every ID with the profile when none is named; --dry-run lists each run's status and command instead, and
+    --launcher trains through a Hydra launcher (key=value words among the IDs go to train.py)."""
+    ids = chosen(args)
+    grids = grid_jobs(args, ids)
+    print(f"store: {args.store}")
+    for t in ids:
+        print(f"{t.id} ({args.profile}):")
         if args.dry_run:
-            return None
-        if not paths:
-            print("archive: none (no run finished or stopped)")
+            for j in grids[t.id]:
+                print(f"  {store.status(records.locate(j.key, args.store)):9s} {j.key}  {j.command()}")
+        elif args.launcher:
+            launch(t, args)
         else:
-            print(f"archive: {' '.join(map(str, paths))}" + (f" ({len(paths)} parts: adopt them all)"
-                                                             if len(paths) > 1 else ""))
-        return None
-    if args.command == "run":
-        print(f"store: {args.store}")
-        for t in chosen:
-            job_list = grids[t.id]
-            print(f"{t.id} ({args.profile}):")
-            if args.dry_run:
-                for j in job_list:
-                    print(f"  {store.status(records.locate(j.key, args.store)):9s} {j.key}  {j.command()}")
-                continue
-            if args.launcher:
-                launch(t, args)
-                continue
-            store.run_missing(job_list, args.store, args.parallel, args.threads, args.retry_failed,
+            store.run_missing(grids[t.id], args.store, args.parallel, args.threads, args.retry_failed,
                               stack=args.stack or store.default_stack())
-    if args.command in ("run", "figures") and not args.dry_run:
-        from normfl.reproduce import figures
+    if not args.dry_run:
+        draw(ids, args)
 
-        for t in chosen:
-            for path in figures.draw(t, args.profile, args.store):
-                print(f"  wrote {path.relative_to(store.ROOT)}")
-    if args.command == "report":
-        from normfl.reproduce import report
 
-        path = report.write(args.store)
-        print(f"wrote {path.relative_to(store.ROOT)}")
-    return None
+def cmd_campaign(args) -> None:
+    """Train the IDs' missing runs within --budget, record them, and write an archive of them.
+
+    Every ID with the profile when none is named; the archive (outputs/campaigns/<time>.tar.gz unless --archive
+    says where) is for `adopt` on another clone."""
+    from normfl.reproduce import campaign
+
+    ids = chosen(args)
+    grids = grid_jobs(args, ids)
+    job_list = list({j.key: j for t in ids for j in grids[t.id]}.values())
+    try:
+        budget = campaign.seconds(args.budget)
+    except ValueError as err:
+        raise ConfigError("--budget", args.budget, "a duration such as 90s, 25m or 2h") from err
+    if budget <= 0:
+        raise ConfigError("--budget", args.budget, "a duration above zero, such as 90s, 25m or 2h")
+    if args.archive is not None and (there := campaign.parts_there(args.archive)):
+        raise ConfigError("--archive", str(args.archive), f"a path where no archive is yet ({there[0]} is "
+                          "there, and a campaign never writes over one)")
+    from normfl.engine.flat import pick_device
+
+    paths = campaign.run(job_list, args.store, budget, args.parallel, args.threads, args.checkpoints,
+                         args.archive, dry_run=args.dry_run, stack=args.stack or store.default_stack(),
+                         device=pick_device("auto").type)
+    if args.dry_run:
+        return
+    if not paths:
+        print("archive: none (no run finished or stopped)")
+    else:
+        print(f"archive: {' '.join(map(str, paths))}" + (f" ({len(paths)} parts: adopt them all)"
+                                                         if len(paths) > 1 else ""))
+
+
+def cmd_record(args) -> None:
+    """Add the store's finished runs to the committed records (outputs/records)."""
+    for d in sorted(p.parent for p in args.store.glob("*/summary.json")):
+        if store.status(d) in store.FINISHED:
+            print(f"  {records.pack(d):6s} {d.name}")
+
+
+def cmd_figures(args) -> None:
+    """Draw figures and tables from stored runs only, training nothing (every ID with the profile by default)."""
+    draw(chosen(args), args)
+
+
+def cmd_report(args) -> None:
+    """Write REPRODUCTION.md from stored runs."""
+    from normfl.reproduce import report
+
+    print(f"wrote {report.write(args.store).relative_to(store.ROOT)}")
+
+
+def cmd_list(args) -> None:
+    """List the IDs, their grid files and grid sizes."""
+    from normfl.reproduce import targets
+
+    for t in targets.TARGETS.values():
+        sizes = ", ".join(f"{p} {len(jobs.grid_points(t.grid, p))}" for p in jobs.PROFILES
+                          if jobs.has_profile(t.grid, p))
+        print(f"{t.id:14s} grids/{t.grid}.yaml, grid points: {sizes}; {t.title}")
+
+
+def cmd_adopt(args) -> None:
+    """Copy finished hand-made runs into the store, or merge campaigns' archives into this clone.
+
+    Run folders are filed under the key their config has with --profile set, so a grid that needs exactly that
+    run does not train it again; a campaign's archives (.tar.gz) bring their records and checkpoints."""
+    if not all(n.endswith((".tar.gz", ".tgz")) for n in args.names):
+        return adopt(args.names, args.profile, args.store)
+    from normfl.reproduce import campaign
+
+    if missing := [n for n in args.names if not Path(n).is_file()]:
+        raise ConfigError("adopt", missing, "archives that exist (a campaign's .tar.gz)")
+    if refused := sum(campaign.adopt(Path(n), args.store) for n in args.names):
+        sys.exit(f"normfl: {refused} record(s) refused, the rest merged")
+
+
+def cmd_together(args) -> None:
+    """Train side by side the runs whose configs the driver left in the run folders (``run --stack``)."""
+    together(args.names, args.threads)
+
+
+def cmd_verify(args) -> None:
+    """Train committed records again, one at a time, and say whether each comes out identical or how far not.
+
+    Records are named by key, or all of an ID's by the ID."""
+    from normfl.reproduce import verify
+
+    run_dirs = verify.record_dirs(args.names, args.profile)
+    print(f"verify: {len(run_dirs)} record(s), trained again one at a time")
+    if differing := verify.verify(run_dirs, args.threads):
+        sys.exit(f"normfl: {differing} of {len(run_dirs)} record(s) did not come out identical")
+
+
+# each command: its function, the option groups it reads, and its names (None: it takes none): their metavar,
+# what they are, and whether it needs at least one
+VERBS = {"run": (cmd_run, ("profile", "train", "run", "threads", "store"), ("ID", "IDs", False)),
+         "campaign": (cmd_campaign, ("profile", "train", "campaign", "threads", "store"), ("ID", "IDs", False)),
+         "record": (cmd_record, ("store",), None),
+         "figures": (cmd_figures, ("profile", "store"), ("ID", "IDs", False)),
+         "report": (cmd_report, ("store",), None),
+         "list": (cmd_list, (), None),
+         "adopt": (cmd_adopt, ("profile", "store"), ("DIR|ARCHIVE", "run folders or archives", True)),
+         "together": (cmd_together, ("threads",), ("DIR", "run folders", True)),
+         "verify": (cmd_verify, ("profile", "threads"), ("KEY|ID", "record keys or IDs", True))}
+
+
+def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line and its sub-parsers: one a command, with the options it reads, its function as ``func``."""
+    groups = option_groups()
+    ap = argparse.ArgumentParser(prog="python -m normfl.reproduce", description=__doc__.split("\n")[0],
+                                 epilog=__doc__.strip().split("\n")[-1])
+    subs = ap.add_subparsers(dest="command", required=True, metavar="command")
+    for verb, (func, reads, names) in VERBS.items():
+        sub = subs.add_parser(verb, help=func.__doc__.split("\n")[0], description=func.__doc__,
+                              parents=[groups[g] for g in reads])
+        if names:
+            sub.add_argument("names", nargs="*", metavar=names[0], help=names[1])
+        sub.set_defaults(func=func, names=[])
+    return ap, subs.choices
+
+
+def reads(verb: str) -> set[str]:
+    """The options ``verb`` reads, by dest."""
+    groups = option_groups()
+    return {dest for g in VERBS[verb][1] for dest in vars(groups[g].parse_args([]))}
+
+
+def refuse(sub: argparse.ArgumentParser, verb: str, rest: list[str], unknown: list[str]) -> None:
+    """Refuse the options among ``rest`` (what follows ``verb``) that ``verb`` does not read: by the commands
+    that read one, else as ``verb``'s sub-parser ``sub`` refuses ``unknown``."""
+    every = argparse.ArgumentParser(prog=f"python -m normfl.reproduce {verb}", add_help=False,
+                                    parents=list(option_groups().values()))
+    given, _ = every.parse_known_args(rest)
+    for dest, value in vars(given).items():
+        if value != every.get_default(dest) and dest not in reads(verb):
+            takers = [v for v in VERBS if dest in reads(v)]
+            raise ConfigError(f"--{dest.replace('_', '-')}", value,
+                              f"only with {' or '.join(takers)} (not read by {verb})")
+    sub.error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
+def check(args) -> None:
+    """Refuse names where the command takes none, none where it needs them, a store that is not one, and bad
+    option values, before any work; set ``args.store`` to the store's absolute path."""
+    _, options, names = VERBS[args.command]
+    args.overrides = [n for n in args.names if "=" in n]
+    args.names = [n for n in args.names if "=" not in n]
+    if names is None and args.names:
+        raise ConfigError(args.command, args.names, "no names (it takes none)")
+    if names and names[2] and not args.names:
+        raise ConfigError(args.command, [], f"one or more {names[1]}")
+    if "store" in options:
+        if args.store is not None and not (args.store.is_dir() or (args.command in ("run", "campaign", "adopt")
+                                                                    and not args.store.exists())):
+            raise ConfigError("--store", str(args.store), "an existing run store directory (run, campaign and "
+                              "adopt make a new one)")
+        args.store = store_dir(args.store)
+    launcher, match = getattr(args, "launcher", None), getattr(args, "match", None)
+    if args.overrides and launcher is None:
+        raise ConfigError("--launcher", None, f"a Hydra launcher for the train.py overrides {args.overrides}")
+    if launcher and match:
+        raise ConfigError("--match", match, "no --match with --launcher (a launcher trains whole sweeps)")
+    if launcher and launcher not in (have := jobs.launchers()):
+        raise ConfigError("--launcher", launcher, " | ".join(have))
+    for flag in ("--parallel", "--threads", "--stack"):
+        if (value := getattr(args, flag[2:], None)) is not None and value < 1:
+            raise ConfigError(flag, value, "a whole number, at least 1")
+
+
+def main(argv=None) -> None:
+    """Parse the command line, refuse what its command would not read, and run the command."""
+    sys.stdout.reconfigure(line_buffering=True)       # a campaign's log, read with tail -f, says each end at once
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap, subs = parser()
+    args, extra = ap.parse_known_args(argv)
+    if any(a.startswith("-") for a in extra):
+        refuse(subs[args.command], args.command, argv[argv.index(args.command) + 1:], extra)
+    args.names = [*args.names, *extra]      # names after an option: argparse takes only the first run of them
+    check(args)
+    args.func(args)
 
 
 def launch(target, args) -> None:
