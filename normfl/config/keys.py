@@ -22,31 +22,32 @@ OPTION_FILES = ("logger", "accountant", "device")   # groups whose option file l
 PRIVACY_TARGET = "normfl.privacy.Privacy"
 
 
-def accepted_keys(target: str, given=()) -> list[str]:
-    """The keys a config node of ``target`` (a class or a function) may set, sorted: the arguments it takes,
-    with those of the constructors a class passes ``*args, **kw`` on to, less ``given`` (what the code passes)."""
-    obj = get_object(target)
-    keys = set()
+def parameters(obj) -> list:
+    """The named parameters ``obj`` (a class or a function) takes: a class's ``__init__``'s, with those of the
+    constructors it passes ``*args, **kw`` on to (a subclass's first)."""
+    found = []
     for fn in [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)] if isinstance(obj, type) else [obj]:
         params = inspect.signature(fn).parameters.values()
-        keys |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        found += [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
         if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
             break
-    return sorted(keys - {"self", *given})
+    return found
+
+
+def accepted_keys(target: str, given=()) -> list[str]:
+    """The keys a config node of ``target`` may set, sorted: its ``parameters``, less ``given`` (what the code
+    passes)."""
+    return sorted({p.name for p in parameters(get_object(target))} - set(given))
 
 
 def constructor_defaults(target: str) -> dict:
-    """The default of each argument ``target``'s constructor (or function) gives one, as ``accepted_keys`` finds
-    them; empty where ``target`` does not import."""
+    """The default of each of ``target``'s ``parameters`` that has one (a subclass's wins); empty where ``target``
+    does not import."""
     try:
-        obj = get_object(target)
+        params = parameters(get_object(target))
     except Exception:
         return {}
-    found = {}
-    for fn in reversed([c.__init__ for c in obj.__mro__ if "__init__" in vars(c)] if isinstance(obj, type) else [obj]):
-        found.update({p.name: p.default for p in inspect.signature(fn).parameters.values()
-                      if p.default is not p.empty})
-    return found
+    return {p.name: p.default for p in reversed(params) if p.default is not p.empty}
 
 
 def algorithm(cfg: DictConfig) -> type:
