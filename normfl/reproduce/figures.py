@@ -375,13 +375,17 @@ KINDS = {"best_table": best_table, "heatmap": heatmap, "curves": curves, "seeds_
          "ali_table": ali_table, "acc_vs_tau": acc_vs_tau, "tau_lists": tau_lists, "transmissions": transmissions}
 
 
-def compare(target, profile: str, store_dir: Path):
-    """(runs, table, comparison, figure) of an ID from what is stored."""
+def compare(target, profile: str, store_dir: Path, figure: bool = True):
+    """(runs, table, comparison, figure) of an ID from what is stored; without ``figure`` the figure is
+    closed and None (a caller that only reads numbers leaves no figure open)."""
     df = runs(target, profile, store_dir)
     done = df[df.status.isin(store.FINISHED)]
     if done.empty:
         return df, None, _comparison([]), None
     table, comp, fig = KINDS[target.kind](target, done, profile)
+    if fig is not None and not figure:
+        plt.close(fig)
+        fig = None
     return df, table, comp, fig
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from normfl.render import fmt
@@ -68,8 +69,9 @@ def _versus(t: targets.Target, comp) -> str | None:
 
 
 def section(t: targets.Target, store_dir: Path) -> list[str]:
-    paper_df, _, comp, _ = figures.compare(t, "paper", store_dir)
-    extra = {p: figures.compare(t, p, store_dir) for p in jobs.OPTIONAL_PROFILES if jobs.has_profile(t.grid, p)}
+    paper_df, _, comp, _ = figures.compare(t, "paper", store_dir, figure=False)
+    extra = {p: figures.compare(t, p, store_dir, figure=False)
+             for p in jobs.OPTIONAL_PROFILES if jobs.has_profile(t.grid, p)}
     quick_df = figures.runs(t, "quick", store_dir)
     frames = {"paper": paper_df, **{p: c[0] for p, c in extra.items()}, "quick": quick_df}
     status = _status(paper_df, comp, t.tolerance)
@@ -92,7 +94,7 @@ def section(t: targets.Target, store_dir: Path) -> list[str]:
     if any(diverged.values()):
         out.append("- diverged runs: " + ", ".join(f"{n} ({p} profile)" for p, n in diverged.items()))
     if deviating or any(diverged.values()):
-        out.append(f"- cause: {t.cause or 'not found yet'}")
+        out.append(f"- cause: {_cause(t.cause)}")
     for p, d in frames.items():
         out.append(f"- {p} profile: `make {t.slug}{'' if p == 'paper' else f' profile={p}'}` ({_runs(d)})")
     drawn = [f"`docs/reproduction/{p}/{t.slug}.*`" for p, d in frames.items() if d.status.isin(store.FINISHED).any()]
@@ -111,6 +113,14 @@ def side_by_side(comp, p_comp, profile: str) -> list[str]:
              "|---|---|---|---|"]
     lines += [f"| {r.what} | {fmt(r.paper)} | {fmt(ours.get(r.what))} | {fmt(r.ours)} |" for r in rows.itertuples()]
     return [*lines, ""]
+
+
+def _cause(title: str) -> str:
+    """A link to the section of the deviations page that gives the cause (GitHub's heading anchor)."""
+    if not title:
+        return "not found yet"
+    anchor = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+    return f"[{title}]({targets.DEVIATIONS}#{anchor})"
 
 
 def _beyond(status: str, comp, tol: float) -> bool:

@@ -22,7 +22,7 @@ class Target:
     kind: str                # how it is drawn: a function of normfl.reproduce.figures.KINDS
     tolerance: float         # |ours − paper| in points within which a number counts as reproduced
     why: str                 # the reason for that tolerance
-    cause: str = ""          # why it deviates where it does (measured, not guessed)
+    cause: str = ""          # why it deviates where it does: a section of DEVIATIONS (measured, not guessed)
     draw: dict = field(default_factory=dict)
     headline: str = ""       # the compared number the report leads with (a substring of its label)
 
@@ -31,87 +31,21 @@ class Target:
         return self.id.lower()
 
 
-# Tolerances and the causes of the known deviations (each cause is backed by a measurement in the
-# report or docs/measurements.md; the report states "deviates" only where a compared number exceeds the tolerance).
+# Tolerances, and the causes of the known deviations: each cause is the title of a section of
+# docs/reproduction/deviations.md (DEVIATIONS), which says what was measured and cites the committed record
+# of each number it quotes. The report states "deviates" only where a compared number exceeds the tolerance.
+DEVIATIONS = "docs/reproduction/deviations.md"
+NORMEC_CAUSE = "NORMEC: the text's round and reading A1's noise"
+FED_CAUSE = "FEDNORMEC: reading A1's noise in 269,722 dimensions"
+ALI_CAUSE = "ALI-DPFL, Condition I: the level and the tau ordering"
+ALI_COND2_CAUSE = "ALI-DPFL, Condition II: the tau rule"
+NFA_BIN_CAUSE = "NORMFEDAVG: the Binomial column trains better than the paper's"
+NFA_T5_CAUSE = "NORMFEDAVG-T5: aggregate-level noise"
 NORMEC_TOL = dict(tolerance=2.0, why="one seed (42) in the paper and here; CIFAR-10 from the JPEG copy")
-A2_CAUSE = ("Reading A2 (docs/readings.md), text profile: a round read literally is one minibatch of 32 per client, "
-            "so 300 rounds are about two epochs (four with FEDNORMEC's 20 clients); under this reading NORMEC-T2's "
-            "best run reaches 59.40% (no SN, β = γ = 1), not 86%. The other reading, a round as one pass over each "
-            "client's shard (140 minibatch steps with NORMEC's 10 clients, 70 with FEDNORMEC's 20), reaches the "
-            "paper's magnitudes: 300 passes of α-NormEC at β = γ = 0.1 end at 85.5% with SN (Table 2: 85.43%) and "
-            "83.4% without (86.09%), measured on an H100 by a stand-alone probe. That reading is now the paper "
-            "profile's; its runs are GPU jobs (about 42,000 steps each) not yet made with normfl's own runner.")
-NORMEC_CAUSE = (A2_CAUSE + " DP runs: with the noise rule of reading A1 each unit-norm message gets noise of std "
-                "sqrt(K ln(1/δ))/ε ≈ 7.35 per coordinate, which keeps them near chance: DP-α-NormEC with SN at "
-                "β = γ = 0.1 ends at 10.54% (best 12.54%) after 300 text rounds, the same run without noise at "
-                "55.70%. No other reading of the papers' noise formula lifts it above 14.78% (best over rounds: the "
-                "noise on Δ_i itself, which certifies ε 378) (docs/reproduction/noise-readings-text.md, committed "
-                "records; make noise-readings profile=text).")
-FED_CAUSE = ("DP runs: reading A1's noise has std p·sqrt(K ln(1/δ))/ε per coordinate on each client's unit-norm Δ_i "
-             "(7.35 at p = 1, 1.84 at p = 0.25), in d = 269,722 dimensions a vector of norm about 3,800 (950) "
-             "against a message of norm 1: the 18 text-profile runs of FEDNORMEC-F1 (F-EC, committed records) end "
-             "at 8.22-13.22% test accuracy (best over rounds 14.94%; chance is 10%). Without the noise the same "
-             "run (p = 1, β = 0.01, γ = 0.1) reaches 26.96% after 300 rounds, still rising, so the rest of the gap "
-             "is A2. Of the other readings of the papers' noise formula only the noise on Δ_i itself (std "
-             "β·σ_mult, 0.0735 here) lets that run learn, to 25.08%, and it certifies ε 30,690; the rest end at "
-             "8.48-9.42% (docs/reproduction/noise-readings-text.md, committed records; make noise-readings "
-             "profile=text). " + A2_CAUSE)
 FED_TOL = dict(tolerance=5.0, why="the paper's numbers are read off figures ('approximately 70%'); one seed")
 ALI_TOL = dict(tolerance=2.0, why="one run per cell in the paper (seed not stated), one seed (0) here")
-ALI_CAUSE = ("Checked against the authors' code, setting by setting, at R_c = 177 on Fashion-MNIST "
-             "(docs/reproduction/alidpfl-readings.md; code profile: make alidpfl-t2 profile=code). The level "
-             "moves only with what makes a clipped step (C = 0.1) do more: raw 0-255 pixels, as the MindSpore "
-             "port trains, +14 points (72.81 against 58.77 at τ = 1); the code's divisor of 64 instead of "
-             "q·|D_i| +2 (60.73), and 16 on the code's split +11 (68.84 against 57.84); the authors' "
-             "Dirichlet split and 20% test subsets do not (57.84 together). The closest any stated or code "
-             "setting comes is 79.15% (raw pixels, divisor 16); 82% is not reached. The τ ordering, over "
-             "Table II's six Fashion-MNIST columns: the paper's accuracy falls 2.3-4.9 points from τ = 1 to 5 "
-             "(Spearman ρ of τ against accuracy -0.9 to -1.0 in every column); the text reading's falls 0.0-0.5 "
-             "(ρ -0.1 to -0.9: the direction, at a tenth of the size); the code reading's moves -1.7 to +0.1 "
-             "(ρ -0.7 to +0.1), within its 20% test subsets' noise of about 0.8 points. No setting probed at "
-             "R_c = 177 restores the paper's fall (each within 0.6 points from τ = 1 to 5). Fixed τ runs "
-             "min(R_s, ⌊R_c/τ⌋) rounds (reading C-A13), so in both readings the R_s = 2R_c, ε = 1.75 column "
-             "repeats the R_s = R_c one (to 0.01 point), where the paper's differs (τ = 5: 78.48 against "
-             "79.64); the code has no budget stop, its round counts were set by hand. On CIFAR-10 (JPEG copy) "
-             "the gap is as wide and the ordering as flat: ALI-DPFL (τ ≡ 1, as the paper says) ends at "
-             "16.78-28.85 against the paper's 39.82-56.76, and from τ = 1 to 5 each column moves -1.2 to +0.4 "
-             "points where the paper's falls 4.2-13.0; raw pixels lift τ = 1 at R_c = 177 from 28.36 to 30.09, "
-             "not by Fashion-MNIST's 14 points (docs/measurements.md).")
-ALI_COND2_CAUSE = ALI_CAUSE + (" Under Condition II the code profile takes the code's closed-form τ rule, which "
-                               "holds τ at 3-4 and adds 2.1-9.2 points over the paper's G(τ) rule on the same "
-                               "setup, still 14-23 points below the paper; in each of Table IV's columns a fixed τ "
-                               "beats it, the best by 1.7-4.2 points (docs/reproduction/alidpfl-readings.md, "
-                               "'Condition II'). On CIFAR-10 (Table III's 18 cells, paper profile) ALI-DPFL ends at "
-                               "28.44-30.38 against 51.92-55.17: the paper's G(τ) rule keeps τ* at 1 or 2, so the "
-                               "R_s rounds end with 69-81% of the budget spent (414 of R_c = 598 steps at ε = 2.5), "
-                               "and every fixed τ from 2 to 5 beats it in each column, by 0.5-1.6 points, where the "
-                               "paper has ALI-DPFL best in each. Under Table IV's R_s = R_c/5 (CIFAR-10, paper "
-                               "profile, all 18 cells) it ends at 27.92-30.37 against 55.54-57.25: τ* is 2-5 in 68 "
-                               "of its first 80 rounds and 1 after, so the R_s rounds end with 29-37% of the "
-                               "budget spent (447 of R_c = 1538 steps at ε = 3.75); τ = 1 is level with it at ε = "
-                               "2.75 and 1.5-1.8 points below at ε = 3.25 and 3.75, and every fixed τ from 3 to 9 "
-                               "beats it in every column, by 1.85-3.86 points, where the paper has ALI-DPFL best in "
-                               "each.")
 NFA_TOL = dict(tolerance=1.0, why="3 seeds (paper std ≤ 0.15); unstated details (batch order, the "
                "sampler's dropped tail) move the mean by a few tenths")
-NFA_BIN_CAUSE = ("All three seeds of the Binomial column train better than the paper's, by 1.28 points on the "
-                 "mean (19.54 ± 0.37 vs 20.82 ± 0.04; seeds 19.11, 19.77, 19.73; seed 0's run of 2026-11-23, now "
-                 "in docs/reproduction/archive/, gave the same 19.11). Its N = 2,843,701 and t = 23 are what "
-                 "reading C-N7 derives (t as in Table 4; tests/test_qtdl.py), so the gap is in training, not in "
-                 "the mechanism's parameters (its formula agrees term by term with public transcriptions of cpSGD "
-                 "Theorem 1). Nor is it the noise's size: with N 1.97 times larger (privacy.epsilon=7, std 0.289 "
-                 "against 0.206; a larger N is what t = 23 allows if eq. 7's m is the noise's half-width) seed 0 "
-                 "ends at 19.12 (docs/readings.md, C-N7). Both QTDL columns are within the tolerance on three "
-                 "seeds (s = 2^12: 18.04 ± 0.24 vs 17.31; s = 2^6: 17.98 ± 0.32 vs 17.24), so F3's claim, QTDL "
-                 "3.5 points below the Binomial, reads 1.56 here. Not resolved.")
-NFA_T5_CAUSE = ("Aggregate-level noise is read as each client's own draw for sensitivities Δ/r (the paper's "
-                "per-client m_i, α_i; noise_at=client_aggregate, reading C-N6): one server draw on the mean "
-                "(noise_at=server) has 5 times the std there and made every run diverge within 5 rounds. With it "
-                "DP-NormFedAvg and Clipping(C = 0.5) train; Clipping(C = 0.1, 0.25) diverged when their clipped update "
-                "went on the quantizer's grid as it is: the same noise (NFA Sec. 6(ii), App. G(iii)) with β_0 = 10 "
-                "and 4 (App. H), 10 and 4 times DP-NormFedAvg's noise on the model each round. The grid now takes "
-                "Clip_C(u)/C and the server steps β·C (reading C-N16), the same noise on the model for every C; "
-                "not yet run that way.")
 NFA_CIFAR_TOL = dict(tolerance=2.0, why="3 seeds; CIFAR-10 from the JPEG copy")
 
 # Line colours and styles the captions state (NORMEC-F1: β = 0.01 blue, 0.1 green, 1.0 orange, 10
