@@ -9,10 +9,18 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from normfl.run.training import Training
+
+class Training(Protocol):
+    """What stopping needs of a run (normfl.run.training.Training has it): whether it is still going, where
+    it stands, and a way to save its checkpoint."""
+    active: bool
+    step: int
+    out_dir: Path
+
+    def save(self) -> None: ...
 
 
 class Stopped(KeyboardInterrupt):
