@@ -71,11 +71,8 @@ $(IDS): $(STAMP)           ## train the missing runs of one figure/table's grid,
 all-figures: $(STAMP)      ## every figure/table's grid that has the profile (long: see REPRODUCTION.md for times)
 	$(REPRODUCE) run $(RUNOPTS) $(ARGS)
 
-figures: $(STAMP)          ## redraw every figure/table of every profile from stored runs, no training
-	$(REPRODUCE) figures --profile paper
-	$(REPRODUCE) figures --profile text
-	$(REPRODUCE) figures --profile code
-	$(REPRODUCE) figures --profile quick
+figures: $(STAMP)          ## redraw from stored runs, no training: IDS="normfedavg-t3 ..." (default: every ID), each profile
+	$(REPRODUCE) figures --all-profiles $(if $(filter command line,$(origin IDS)),$(IDS))
 
 alidpfl-readings: $(STAMP) ## ALI-DPFL at R_c = 177: the paper's text vs the authors' code, setting by setting
 	$(BIN)/python scripts/ali_readings.py run outputs/ali-readings --parallel $(parallel)

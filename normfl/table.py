@@ -2,9 +2,12 @@
 (``sweep_table``: ``normfl.run.sweep``) and what ``python -m normfl.collect`` prints, from the same rows.
 
 A run is any folder at or below the paths with a ``summary.json`` (a sweep's ``0/``, ``1/`` or ``0_algo.beta=0.1``,
-or a committed record of ``outputs/records``). Columns: the keys (rows sorted by them), status, final and best test
-accuracy (%), best round, the certified ε (the tighter of PLD and RDP, else the composed bound) beside the target,
-rounds run, wall time, directory; a diverged or failed run has no accuracy.
+or a committed record of ``outputs/records``). Columns: the keys (rows sorted by them), status, final, best and
+last-5 test accuracy (%) or error (``error=True``: 100 − accuracy, the NormFedAvg paper's measure), best round, the
+certified ε (the tighter of PLD and RDP, else the composed bound) beside the target, rounds run, wall time,
+directory; a diverged or failed run has no accuracy. A key a run does not read (``privacy.*`` in a run that adds
+no noise) is empty in its row and does not count as differing. ``fold`` makes the runs that differ only in their
+seed one row: each number's mean ± std over them and how many there are.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from normfl.config import KEY_DEFAULTS, NOT_IN_KEY
+from normfl.config.run_key import ADAPTIVE_ONLY, RAW_UNREAD
 from normfl.privacy import certified
-from normfl.render import markdown_table
+from normfl.render import fmt, markdown_table
 from normfl.results import config_file
 
 SUMMARY = ("status", "profile", "data", "final_round", "final_test_acc", "best_test_acc", "best_round",
@@ -49,23 +53,42 @@ def leaves(run: Path) -> dict[str, str]:
     return dict(flat(OmegaConf.to_container(_config(run), resolve=False), ""))
 
 
+@functools.cache
+def _summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def reads(run: Path, key: str) -> bool:
+    """Whether the run reads config ``key``: one that adds no noise (no ``privacy`` in its summary) reads no
+    privacy or accountant key, a fixed-τ DPFL run none of the τ rule's, a run on raw pixels no mean or std."""
+    f = leaves(run)
+    unread = [*(("privacy", "accountant") if not _summary(run).get("privacy") else ()),
+              *(ADAPTIVE_ONLY if f.get("algo.adaptive") == "false" else ()),
+              *(RAW_UNREAD if f.get("dataset.scale") == '"raw"' else ())]
+    return not any(key == u or key.startswith(f"{u}.") for u in unread)
+
+
 def varying(dirs: list[Path]) -> list[str]:
-    """The config keys whose values differ between the runs ``dirs`` (an absent key at its ``KEY_DEFAULTS``)."""
-    all_leaves = [leaves(d) for d in dirs]
-    keys = dict.fromkeys(k for f in all_leaves for k in f if k.split(".")[0] not in NOT_IN_KEY)
-    return [k for k in keys if len({f.get(k, json.dumps(KEY_DEFAULTS.get(k))) for f in all_leaves}) > 1]
+    """The config keys whose values differ between the runs ``dirs`` that read them (an absent key at its
+    ``KEY_DEFAULTS``)."""
+    all_leaves = [(d, leaves(d)) for d in dirs]
+    keys = dict.fromkeys(k for _, f in all_leaves for k in f if k.split(".")[0] not in NOT_IN_KEY)
+    return [k for k in keys
+            if len({f.get(k, json.dumps(KEY_DEFAULTS.get(k))) for d, f in all_leaves if reads(d, k)}) > 1]
 
 
 def collect(*paths: str | Path, keys: tuple[str, ...] = ()) -> pd.DataFrame:
     """One row per run at or below ``paths``: its directory (``run``), the config ``keys``, the summary's
     scalars and the certified and target ε (``epsilon``, ``target_epsilon``; None where not private, and
-    ``epsilon`` None where the run reports its ε as a claim: ``privacy.not_certified``)."""
+    ``epsilon`` None where the run reports its ε as a claim: ``privacy.not_certified``); a key the run does not
+    read is None."""
     rows = []
     for run in runs(*paths):
-        s, cfg = json.loads((run / "summary.json").read_text()), _config(run)
+        s, cfg = _summary(run), _config(run)
         privacy = s.get("privacy") or {}
         rows.append({"run": str(run),
-                     **{k: OmegaConf.select(cfg, k, default=None, throw_on_resolution_failure=False) for k in keys},
+                     **{k: OmegaConf.select(cfg, k, default=None, throw_on_resolution_failure=False)
+                        if reads(run, k) else None for k in keys},
                      **{k: s.get(k) for k in SUMMARY if k not in keys},
                      "epsilon": None if privacy.get("not_certified") else certified(privacy)[0],
                      "target_epsilon": privacy.get("target_epsilon")})
@@ -84,13 +107,17 @@ def cell(v) -> str:
     return str(int(v)) if isinstance(v, float) and v.is_integer() and abs(v) < 1e15 else str(v)   # 1e+300 stays
 
 
-def table(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """The comparison of ``collect(..., keys=by)``'s runs, sorted by ``by``; accuracy only for completed runs."""
+def table(df: pd.DataFrame, by: list[str], error: bool = False) -> pd.DataFrame:
+    """The comparison of ``collect(..., keys=by)``'s runs, sorted by ``by``; accuracy (or, with ``error``, test
+    error: 100 − accuracy) only for completed runs."""
     done = df.status == "completed"
     num = lambda col: pd.to_numeric(df[col]).astype(float)  # noqa: E731
+    pct = lambda col: (100 - 100 * num(col) if error else 100 * num(col)).where(done)  # noqa: E731
+    what = "error" if error else "acc"
     out = pd.DataFrame({**{k: df[k] for k in by}, "status": df.status,
-                        "final acc %": 100 * num("final_test_acc").where(done),
-                        "best acc %": 100 * num("best_test_acc").where(done),
+                        f"final {what} %": pct("final_test_acc"),
+                        f"best {what} %": pct("best_test_acc"),
+                        f"last-5 {what} %": pct("last5_mean_test_acc"),
                         "best round": num("best_round").where(done).astype("Int64"),
                         "ε (certified)": num("epsilon"), "ε (target)": num("target_epsilon"),
                         "rounds run": num("final_round").astype("Int64"), "wall time (s)": num("wall_time_s"),
@@ -101,6 +128,46 @@ def table(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def markdown(t: pd.DataFrame, by: list[str]) -> str:
     return markdown_table(t.assign(**{k: t[k].map(cell) for k in by}))
+
+
+def groups(t: pd.DataFrame, by: list[str]) -> dict[tuple[str, ...], pd.DataFrame]:
+    """The rows of ``t`` by their values of ``by`` (as cells, so lists and None group too), in ``t``'s order."""
+    key = [tuple(cell(r[k]) for k in by) for r in t.to_dict("records")]
+    return {k: t[[x == k for x in key]] for k in dict.fromkeys(key)}
+
+
+def fold(t: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """``table``'s rows that agree on ``by`` (every differing key but the seed) as one: ``n`` runs, their
+    statuses, and for each number its mean, ``<column> std`` (sample std, none for one run) and ``<column> n``
+    (how many runs have it: a diverged run has no accuracy)."""
+    numeric = [c for c in t.columns if c not in (*by, "status", "dir") and pd.api.types.is_numeric_dtype(t[c])]
+    rows = []
+    for g in groups(t, by).values():
+        row = {**{k: g[k].iloc[0] for k in by}, "n": len(g),
+               "status": ", ".join(f"{n} {s}" if len(g) > 1 else s for s, n in g.status.value_counts().items())}
+        for c in numeric:
+            v = g[c].dropna().astype(float)
+            row |= {c: v.mean() if len(v) else math.nan, f"{c} std": v.std() if len(v) > 1 else math.nan,
+                    f"{c} n": len(v)}
+        rows.append(row | {"dir": " ".join(g.dir)})
+    f = pd.DataFrame(rows)
+    for c in numeric:              # a count (best round, rounds run) stays whole where its mean is
+        if pd.api.types.is_integer_dtype(t[c]) and (f[c].dropna() % 1 == 0).all():
+            f[c] = f[c].astype("Int64")
+    return f
+
+
+def folded_markdown(f: pd.DataFrame, by: list[str]) -> str:
+    """``fold``'s table as a paper prints it: ``mean ± std`` in each cell (the mean alone where the runs agree),
+    ``(n = k)`` where fewer than the row's runs have the number."""
+    numbers = [c for c in f.columns if f"{c} std" in f.columns]
+
+    def shown(r, c):
+        text = fmt(r[c]) + ("" if pd.isna(r[f"{c} std"]) or r[f"{c} std"] == 0 else f" ± {fmt(r[f'{c} std'])}")
+        return text + (f" (n = {r[f'{c} n']})" if 0 < r[f"{c} n"] < r["n"] else "")
+    out = pd.DataFrame({**{k: f[k].map(cell) for k in by}, "n": f["n"], "status": f.status,
+                        **{c: [shown(r, c) for r in f.to_dict("records")] for c in numbers}, "dirs": f.dir})
+    return markdown_table(out)
 
 
 def sweep_table(dirs: list[Path], swept: list[str]) -> str:

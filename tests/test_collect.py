@@ -53,18 +53,19 @@ def broken(sweep, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_a_sweep_becomes_a_table_a_file_and_a_plot(sweep, tmp_path):
-    out = cli(sweep, "--by", "algo.beta", "--out", tmp_path / "t.md", "--plot", tmp_path / "c.png")
+    out = cli(sweep, "--by", "algo.beta", "--out", tmp_path / "t.md", "--plot", tmp_path / "c.png", "--per-seed")
     assert out.returncode == 0, out.stderr
     table = rows(out.stdout)
     assert [r["algo.beta"] for r in table] == ["0.01", "0.1"]
-    assert list(table[0]) == ["algo.beta", "status", "final acc %", "best acc %", "best round", "ε (certified)",
-                              "ε (target)", "rounds run", "wall time (s)", "dir"]
+    assert list(table[0]) == ["algo.beta", "status", "final acc %", "best acc %", "last-5 acc %", "best round",
+                              "ε (certified)", "ε (target)", "rounds run", "wall time (s)", "dir"]
     for r, job in zip(table, ("0", "1"), strict=True):
         s = json.loads((sweep / job / "summary.json").read_text())
         p = s["privacy"]
         assert r["status"] == "completed" and r["dir"] == str(sweep / job) and r["rounds run"] == "3"
         assert r["final acc %"] == f"{100 * s['final_test_acc']:.2f}" and r["best round"] == str(s["best_round"])
         assert r["best acc %"] == f"{100 * s['best_test_acc']:.2f}"
+        assert r["last-5 acc %"] == f"{100 * s['last5_mean_test_acc']:.2f}"
         assert r["ε (certified)"] == f"{min(p['epsilon_pld'], p['epsilon_rdp']):.2f}" and r["ε (target)"] == "8.00"
     assert (tmp_path / "t.md").read_text() == out.stdout
     assert (tmp_path / "c.png").stat().st_size > 1000 and not list(tmp_path.glob(".*tmp"))
@@ -72,7 +73,7 @@ def test_a_sweep_becomes_a_table_a_file_and_a_plot(sweep, tmp_path):
 
 @pytest.mark.slow
 def test_default_columns_are_the_swept_keys_and_csv_holds_the_numbers(sweep, tmp_path, capsys):
-    main([str(sweep), "--out", str(tmp_path / "t.csv")])
+    main([str(sweep), "--out", str(tmp_path / "t.csv"), "--per-seed"])
     assert list(rows(capsys.readouterr().out)[0])[:2] == ["algo.beta", "status"]
     csv = pd.read_csv(tmp_path / "t.csv")
     assert list(csv["algo.beta"]) == [0.01, 0.1] and list(csv["dir"]) == [str(sweep / "0"), str(sweep / "1")]
@@ -83,7 +84,8 @@ def test_default_columns_are_the_swept_keys_and_csv_holds_the_numbers(sweep, tmp
 
 @pytest.mark.slow
 def test_diverged_and_failed_runs_have_a_status_and_no_accuracy(sweep, broken, tmp_path, capsys):
-    main([str(sweep), str(broken), "--by", "algo.beta,rounds", "--by", "seed", "--plot", str(tmp_path / "c.pdf")])
+    main([str(sweep), str(broken), "--by", "algo.beta,rounds", "--by", "seed", "--plot", str(tmp_path / "c.pdf"),
+          "--per-seed"])
     table = rows(capsys.readouterr().out)
     assert [(r["algo.beta"], r["rounds"], r["seed"], r["status"]) for r in table] == [
         ("0.01", "3", "42", "completed"), ("0.1", "3", "42", "completed"),
@@ -103,7 +105,12 @@ def test_diverged_and_failed_runs_have_a_status_and_no_accuracy(sweep, broken, t
     (["{sweep}", "--out", "{empty}.md"], 2, "invalid --out={empty}.md (a directory); allowed: a file path"),
     (["{sweep}", "--plot", "{tmp}/c.jpg"], 2, "invalid --plot={tmp}/c.jpg; allowed: a file path ending in .png"),
     (["{sweep}", "--by", "algo.bta"], 2, "invalid --by=algo.bta: no run's config has it; allowed: dotted"),
-    (["{sweep}", "--plot", "{tmp}/c.png", "--metric", "acc"], 2, "invalid --metric=acc; allowed: a column of"),
+    (["{sweep}", "--plot", "{tmp}/c.png", "--metric", "acc"], 2, "invalid --metric=acc; allowed: test_acc, "
+                                                                     "test_error, test_acc_last5, test_error_last5, "
+                                                                     "or a column of metrics.csv: round, steps"),
+    (["{sweep}", "--metric", "train_loss"], 2, "invalid --metric=train_loss; allowed: test_acc, test_error, "
+                                               "test_acc_last5, test_error_last5 (the table's measure; with --plot"),
+    (["{sweep}", "--plot", "{tmp}/c.png", "--x", "epoch"], 2, "invalid --x=epoch; allowed: a column of metrics.csv"),
     (["{sweep}", "--x", "wall_time"], 2, "invalid --x=wall_time without --plot; allowed: --plot FILE beside it"),
 ])
 def test_bad_input_is_refused_in_one_line(sweep, tmp_path, capsys, args, code, message):
@@ -128,7 +135,7 @@ def test_a_committed_record_sits_beside_a_run(sweep, tmp_path, monkeypatch):
     rec = next((tmp_path / "records").iterdir())
     assert not (rec / ".hydra").exists() and not (rec / "metrics.csv").exists()
     main([str(sweep / "0"), str(rec), "--by", "algo.beta", "--plot", str(tmp_path / "c.png"),
-          "--metric", "train_loss"])
+          "--metric", "train_loss", "--per-seed"])
     table = pd.DataFrame(collect(sweep / "0", rec, keys=("algo.beta",)))
     assert sorted(table["algo.beta"]) == [0.01, 0.1]
     assert (tmp_path / "c.png").stat().st_size > 1000
@@ -139,3 +146,92 @@ def test_a_key_is_written_as_typed_whole_floats_as_integers_unless_huge():
     from normfl.table import cell
 
     assert [cell(v) for v in (20.0, 0.001, 1e300, -3.0, None, "sn")] == ["20", "0.001", "1e+300", "-3", "–", "sn"]
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory, data_root) -> Path:
+    """Two non-private runs differing only in their seed, evaluated every round."""
+    out = tmp_path_factory.mktemp("seeds")
+    run = train(data_root, "algo=normec", "dataset=fashion_mnist", "dataset.train_limit=600", "dataset.test_limit=200",
+                "model=logreg", "rounds=4", "clients=3", "seed=1,2", "progress=false", f"hydra.sweep.dir={out}",
+                "hydra.sweep.subdir=${hydra.job.num}", multirun=True, code=None, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+def _summaries(root: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
+
+
+@pytest.mark.slow
+def test_seeds_fold_into_one_row_and_one_banded_curve(seeds, tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    import normfl.collect as collect_module
+    from normfl.render import fmt
+
+    drawn = []
+    monkeypatch.setattr(collect_module, "save", lambda fig, *a, **k: drawn.append(fig) or [])
+    main([str(seeds), "--plot", str(tmp_path / "c.png"), "--metric", "test_error", "--out", str(tmp_path / "t.csv")])
+    (row,) = rows(capsys.readouterr().out)
+    s = _summaries(seeds)
+    assert "seed" not in row and row["n"] == "2" and row["status"] == "2 completed"
+    for col, key in (("final error %", "final_test_acc"), ("best error %", "best_test_acc"),
+                     ("last-5 error %", "last5_mean_test_acc")):
+        errs = [100 - 100 * x[key] for x in s]
+        assert row[col] == f"{fmt(float(np.mean(errs)))} ± {fmt(float(np.std(errs, ddof=1)))}", col
+    csv = pd.read_csv(tmp_path / "t.csv")
+    assert csv["final error % n"][0] == 2 and csv["final error %"][0] == pytest.approx(
+        np.mean([100 - 100 * x["final_test_acc"] for x in s]))
+    ax = drawn[0].axes[0]
+    (line,) = ax.lines
+    curves = [100 - 100 * pd.read_csv(seeds / j / "metrics.csv").set_index("round").test_acc for j in ("0", "1")]
+    assert list(line.get_ydata()) == pytest.approx(list((curves[0] + curves[1]) / 2))
+    (band,) = ax.collections
+    top = band.get_paths()[0].vertices[:, 1].max()
+    assert top == pytest.approx(float(np.max(pd.concat(curves, axis=1).mean(axis=1)
+                                             + pd.concat(curves, axis=1).std(axis=1))))
+    assert line.get_label() == "all runs (n = 2)"
+
+
+@pytest.mark.slow
+def test_per_seed_keeps_them_apart_and_a_key_no_run_reads_is_no_difference(seeds, tmp_path, capsys):
+    main([str(seeds), "--per-seed"])
+    assert [r["seed"] for r in rows(capsys.readouterr().out)] == ["1", "2"]
+    copy = tmp_path / "eps4"                   # the seed-1 run asked for ε = 4: it adds no noise, so reads no ε
+    shutil.copytree(seeds / "0", copy)
+    cfg = copy / ".hydra" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("epsilon: 8.0", "epsilon: 4.0"))
+    assert "epsilon: 4.0" in cfg.read_text()
+    main([str(seeds), str(copy)])
+    (row,) = rows(capsys.readouterr().out)
+    assert row["n"] == "3" and not any(k.startswith("privacy") for k in row)
+    df = collect(copy, keys=("privacy.epsilon", "seed"))
+    assert df["privacy.epsilon"].isna().all() and list(df["seed"]) == [1]
+
+
+def test_the_legend_names_what_differs_briefly_and_stays_in_the_figure(tmp_path, monkeypatch):
+    """20 settings with long names: wrapped labels by the keys' last parts, the figure grown to hold them."""
+    from normfl import collect as c
+
+    monkeypatch.setattr(c, "curve", lambda d: pd.DataFrame({"round": [0, 1], "test_acc": [0.1, 0.2]}))
+    monkeypatch.setattr(c, "metrics_file", lambda d: Path(__file__))
+    n = 20                                     # two columns of labels that wrap
+    t = pd.DataFrame({"algo.beta": [i / 8 for i in range(n)], "dataset._target_": ["normfl.data.load_cifar10"] * 10
+                      + ["normfl.data.load_fashion_mnist"] * 10, "privacy.epsilon": [8] * n,
+                      "algo.schedule": [f"warmup_then_cosine_decay_over_{i}_rounds" for i in range(n)],
+                      "status": ["completed"] * n, "dir": [f"r{i}" for i in range(n)]})
+    drawn = []
+    real_save = c.save
+    monkeypatch.setattr(c, "save", lambda fig, *a, **k: drawn.append(fig) or real_save(fig, *a, **k))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                          # "Tight layout not applied" among them
+        c.plot(t, ["algo.beta", "dataset._target_", "privacy.epsilon", "algo.schedule"], tmp_path / "c.png")
+    fig = drawn[0]
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels[0] == "beta=0, dataset=load_cifar10,\nschedule=warmup_then_cosine_decay_over_0_rounds"
+    assert labels[-1].startswith("beta=2.375, dataset=load_fashion_mnist")
+    fig.canvas.draw()
+    box, page = fig.axes[0].get_legend().get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1

@@ -75,3 +75,26 @@ def test_a_record_changed_by_hand_changes_the_report(monkeypatch, tmp_path):
     ours = tables(tmp_path / "docs")
     theirs = {k: v for k, v in tables(REPO / "docs" / "reproduction").items() if k in ours}
     assert ours.keys() == theirs.keys() and ours != theirs
+
+
+def test_make_figures_redraws_only_the_named_ids_in_each_of_their_profiles(committed, tmp_path, monkeypatch):
+    """`make figures IDS="normfedavg-t3 alidpfl-t2"`: those IDs' tables, from the records alone, as committed; no
+    other ID's (without IDS, every ID's)."""
+    import subprocess
+
+    from normfl.reproduce.__main__ import main
+
+    make = {ids: subprocess.run(["make", "-n", "figures", *([f"IDS={ids}"] if ids else [])], cwd=REPO,
+                                capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            for ids in ("normfedavg-t3 alidpfl-t2", "")}
+    assert make["normfedavg-t3 alidpfl-t2"].endswith("-m normfl.reproduce figures --all-profiles normfedavg-t3 "
+                                                     "alidpfl-t2")
+    assert make[""].endswith("-m normfl.reproduce figures --all-profiles")
+    real, out = figures.draw, tmp_path / "docs"
+    monkeypatch.setattr(figures, "draw", lambda t, profile, store, **_: real(t, profile, store, out=out))
+    (tmp_path / "store").mkdir()                                # an empty one: a fresh clone has none
+    main(["figures", "--all-profiles", "normfedavg-t3", "alidpfl-t2", "--store", str(tmp_path / "store")])
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*.*"))
+    assert written == ["code/alidpfl-t2.csv", "code/alidpfl-t2.md", "paper/alidpfl-t2.csv", "paper/alidpfl-t2.md",
+                       "paper/normfedavg-t3.csv", "paper/normfedavg-t3.md"]
+    assert tables(out) == {k: v for k, v in tables(REPO / "docs" / "reproduction").items() if k in written}

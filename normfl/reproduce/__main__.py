@@ -35,7 +35,7 @@ def store_dir(given: Path | None = None) -> Path:
 def option_groups() -> dict[str, argparse.ArgumentParser]:
     """The options, each defined once, in groups that the commands reading them take as argparse parents."""
     groups = {name: argparse.ArgumentParser(add_help=False)
-              for name in ("profile", "store", "threads", "train", "run", "campaign")}
+              for name in ("profile", "store", "threads", "train", "run", "campaign", "figures")}
     groups["profile"].add_argument("--profile", default="paper", choices=jobs.PROFILES)
     groups["store"].add_argument("--store", type=Path, default=None, help=f"the run store (default: ${STORE_ENV}, "
                                  "else outputs/store under the working directory)")
@@ -60,6 +60,8 @@ def option_groups() -> dict[str, argparse.ArgumentParser]:
     campaign.add_argument("--checkpoints", action="store_true", help="also archive unfinished runs' checkpoints")
     campaign.add_argument("--archive", type=Path, default=None, help="where to write the archive "
                           "(default outputs/campaigns/<time>.tar.gz)")
+    groups["figures"].add_argument("--all-profiles", action="store_true",
+                                   help="each ID in every profile its grid has, instead of --profile's")
     return groups
 
 
@@ -81,13 +83,13 @@ def grid_jobs(args, ids: list) -> dict[str, list]:
     return grids
 
 
-def draw(ids: list, args) -> None:
-    """Draw each ID's figure or table from the stored runs."""
+def draw(ids: list, args, profile: str | None = None) -> None:
+    """Draw each ID's figure or table from the stored runs (in ``profile``, by default ``--profile``'s)."""
     from normfl.reproduce import figures
 
     for t in ids:
-        for path in figures.draw(t, args.profile, args.store):
-            print(f"  wrote {path.relative_to(store.ROOT)}")
+        for path in figures.draw(t, profile or args.profile, args.store):
+            print(f"  wrote {os.path.relpath(path, store.ROOT)}")
 
 
 def cmd_run(args) -> None:
@@ -153,8 +155,15 @@ def cmd_record(args) -> None:
 
 
 def cmd_figures(args) -> None:
-    """Draw figures and tables from stored runs only, training nothing (every ID with the profile by default)."""
-    draw(chosen(args), args)
+    """Draw figures and tables from stored runs only, training nothing: the IDs named, else every ID with the
+    profile; with --all-profiles, in each profile their grids have (what `make figures IDS="..."` runs)."""
+    if not args.all_profiles:
+        return draw(chosen(args), args)
+    from normfl.reproduce import targets
+
+    for profile in jobs.PROFILES:
+        named = [targets.get(n) for n in args.names] or targets.TARGETS.values()
+        draw([t for t in named if jobs.has_profile(t.grid, profile)], args, profile)
 
 
 def cmd_report(args) -> None:
@@ -211,7 +220,7 @@ def cmd_verify(args) -> None:
 VERBS = {"run": (cmd_run, ("profile", "train", "run", "threads", "store"), ("ID", "IDs", False)),
          "campaign": (cmd_campaign, ("profile", "train", "campaign", "threads", "store"), ("ID", "IDs", False)),
          "record": (cmd_record, ("store",), None),
-         "figures": (cmd_figures, ("profile", "store"), ("ID", "IDs", False)),
+         "figures": (cmd_figures, ("profile", "figures", "store"), ("ID", "IDs", False)),
          "report": (cmd_report, ("store",), None),
          "list": (cmd_list, (), None),
          "adopt": (cmd_adopt, ("profile", "store"), ("DIR|ARCHIVE", "run folders or archives", True)),
