@@ -55,19 +55,29 @@ def last5_mean_test_acc(rows: list[dict]) -> float | None:
     return sum(last5) / len(last5) if last5 else None
 
 
-class Recorder:
-    """Collects per-round rows; ``flush`` rewrites ``metrics.csv`` atomically."""
+def wandb_group(given: str | None, names: dict) -> str | None:
+    """A run's W&B group: ``logger.group`` as given, none for ``''``, and the run's default for null."""
+    return names.get("group") if given is None else given or None
 
-    def __init__(self, out_dir: Path, logger_cfg=None, config: dict | None = None):
+
+class Recorder:
+    """Collects per-round rows; ``flush`` rewrites ``metrics.csv`` atomically. With ``logger=wandb`` also a W&B
+    run of its own (``reinit="create_new"``: runs side by side in one process each keep theirs), named and grouped
+    by ``names`` (``name``, ``group``: the run's defaults) unless ``logger.group`` is set."""
+
+    def __init__(self, out_dir: Path, logger_cfg=None, config: dict | None = None, names: dict | None = None):
         self.out_dir, self.rows = Path(out_dir), []
         self.wandb = None
         if logger_cfg is not None and logger_cfg.name == "wandb":
             import wandb
 
+            names = names or {}
             try:
                 self.wandb = wandb.init(mode=logger_cfg.mode, project=logger_cfg.project,
                                         entity=logger_cfg.entity, dir=str(self.out_dir), config=config,
-                                        reinit="finish_previous")
+                                        name=names.get("name"), group=wandb_group(logger_cfg.get("group"), names),
+                                        tags=list(logger_cfg.get("tags") or []) or None, notes=logger_cfg.get("notes"),
+                                        reinit="create_new")
             except wandb.errors.UsageError as err:      # online without a login: refused before the first round
                 raise ConfigError("logger.mode", logger_cfg.mode, f"offline or disabled, or online once logged in "
                                   f"(wandb login, or $WANDB_API_KEY): wandb said {str(err).splitlines()[0]!r}") from err
@@ -166,9 +176,8 @@ def duration(seconds: float | None) -> str:
 
 
 def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> str:
-    """The one line that ends a run: status, final and best test accuracy, target and certified ε, where, how long."""
-    from normfl.privacy import certified
-
+    """The one line that ends a run: status, final and best test accuracy, its privacy (``privacy_said``), where,
+    how long."""
     status, where = summary.get("status", "failed"), shown(out_dir)
     if status not in FINISHED:
         return f"normfl: {status}: {summary.get('error')}; traceback in {Path(where) / log_name}"
@@ -181,23 +190,43 @@ def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> s
              f"test accuracy {pct(summary.get('final_test_acc'))} final, {pct(summary.get('best_test_acc'))} best "
              f"(round {summary.get('best_round')})"]
     privacy = summary.get("privacy")
-    if privacy:
-        eps, by = certified(privacy)
-        target = privacy.get("target_epsilon")
-        above = eps is not None and target is not None and eps > target
-        if by == "no noise":
-            parts.append(f"ε {target:g} asked, ∞: no noise added")
-        elif eps is None:
-            parts.append(f"ε {target:g} asked, none certified")
-        else:
-            why = privacy.get("not_certified")
-            parts.append(f"ε {target:g} asked, {eps:.4g} " + (f"claimed ({by})" if why else f"certified ({by})")
-                         + (": ABOVE the target" if above else "")
-                         + (f"; not a certificate: {'; '.join(why)}" if why else ""))
-    else:
-        parts.append("not private")
+    parts.append(privacy_said(privacy) if privacy else "not private")
     parts.append(where)
     return " | ".join(parts)
+
+
+def privacy_said(privacy: dict) -> str:
+    """A private run's part of its closing line: the ε asked and the ε it certifies (or claims, and why it is no
+    certificate) by the accountant that gives it (``privacy.certified``). A run that a budget of DP-SGD steps stops
+    (ALI-DPFL, fixed-τ DPFL: its privacy block has ``R_c``) first says how much of that budget, whose ε is the one
+    asked, it spent (``budget_said``), then its certified ε: what it spent, in the three measures it has."""
+    from normfl.privacy import certified
+
+    eps, by = certified(privacy)
+    target = privacy.get("target_epsilon")
+    if by == "no noise":
+        verdict = "∞: no noise added"
+    elif eps is None:
+        verdict = "none certified"
+    else:
+        why = privacy.get("not_certified")
+        verdict = (f"{eps:.4g} {'claimed' if why else 'certified'} ({by})"
+                   + (": ABOVE the target" if target is not None and eps > target else "")
+                   + (f"; not a certificate: {'; '.join(why)}" if why else ""))
+    budget = budget_said(privacy)
+    return f"{budget}; ε {verdict}" if budget else f"ε {target:g} asked, {verdict}"
+
+
+def budget_said(privacy: dict) -> str | None:
+    """How much of its budget a run stopped by one spent, in the measure that stops it: its DP-SGD steps against R_c
+    (the steps its ε supports by the paper's accountant), and that accountant's ε against the target, e.g.
+    ``budget: 414 of R_c = 598 steps spent, ε 2.178 of 2.5 by the paper's accountant``; None for any other run."""
+    steps, r_c, target = privacy.get("steps_taken"), privacy.get("R_c"), privacy.get("target_epsilon")
+    if steps is None or r_c is None:
+        return None
+    paper = privacy.get("epsilon_paper")
+    eps = f"ε {paper:.4g} of {target:g} by the paper's accountant" if _finite(paper) else f"ε {target:g} asked"
+    return f"budget: {steps} of R_c = {r_c} steps spent, {eps}"
 
 
 def record_failure(out_dir: Path, job, err: BaseException, key: str | None = None) -> None:

@@ -132,7 +132,7 @@ def test_runs_of_the_example_side_by_side_equal_the_runs_alone_and_collect_draws
     table = subprocess.run([sys.executable, "-m", "normfl.collect", str(tmp_path / "sweep"), "--plot", str(plot)],
                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0 and plot.stat().st_size > 0, table.stderr
-    assert table.stdout.startswith("| rounds | algo.mu | status |") and table.stdout.count(" completed ") == 4
+    assert table.stdout.startswith("| rounds | algo.mu | n | status |") and table.stdout.count(" completed ") == 4
 
 
 # -- a held-out algorithm, on the base class ----------------------------------------------------------------------

@@ -134,6 +134,13 @@ def validate(cfg: DictConfig) -> None:
         v = get(cfg, key)
         if v is not None and not (isinstance(v, str) and v and not set(v) & set("/\\#?%:")):
            raise ConfigError(key, v, f"{'null or ' * (key == 'logger.entity')}a name without / \\ # ? % :")
+    for key in ("logger.group", "logger.notes"):
+        if not isinstance(v := get(cfg, key), (str, type(None))):
+            raise ConfigError(key, v, f"null or a string (a number quoted: {key}=\"'7'\")")
+    tags = get(cfg, "logger.tags", missing=[])
+    if not isinstance(tags, (list, ListConfig)) or not all(isinstance(t, str) and 1 <= len(t) <= 64 for t in tags):
+        raise ConfigError("logger.tags", OmegaConf.to_container(tags) if isinstance(tags, ListConfig) else tags,
+                          "a list of strings of 1 to 64 characters (W&B's limit), e.g. logger.tags='[grid1,fmnist]'")
     if cfg.logger.name == "wandb" and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logger", "wandb", "csv here (the wandb package is not installed: pip install wandb)")
 

@@ -22,6 +22,7 @@ from normfl.config import config_key
 from normfl.errors import ConfigError
 from normfl.results import closing_line, record_failure, shown
 from normfl.run.sweep import ask_stop, forget_log, in_worker, not_started, note, resume_command, stop_asked
+from normfl.run.terminal import fresh, fresh_lines
 from normfl.run.training import INPUT_ERRORS, run
 
 log = logging.getLogger("normfl")
@@ -112,6 +113,7 @@ def main(cfg: DictConfig) -> dict | None:
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
+    fresh_lines(logging.getLogger(), report)     # a log or closing line never continues a bar on a terminal
     if multirun and in_worker() and stop_asked(hc.sweep.dir) is not None:
         return not_started(hc.sweep.dir, hc.job.num, overrides, out_dir)
     try:
@@ -121,7 +123,7 @@ def main(cfg: DictConfig) -> dict | None:
     except INPUT_ERRORS as err:  # refused before training: nothing of this invocation is left
         if not multirun:
             sys.exit(f"normfl: {err}")
-        print(f"normfl: job {hc.job.num} refused: {err}", file=sys.stderr)    # no log file: nothing left
+        print(f"{fresh(sys.stderr)}normfl: job {hc.job.num} refused: {err}", file=sys.stderr)   # no log: nothing left
         forget_log(out_dir)
         note(hc.sweep.dir, hc.job.num, overrides, "refused", out_dir)
         return {"status": "refused", "error": str(err)}

@@ -96,6 +96,7 @@ class RunDir:
 
     def __init__(self, path: Path, log_name: str | None = None):
         self.path, self.log_name, self.held = Path(path), log_name, False
+        self.hydra_cfg = None                    # Hydra's settings of the job, once recorded
         self.before = set(os.listdir(self.path)) if self.path.is_dir() else None   # None: not there yet
         log = self.path / log_name if log_name else None
         self.log_size = log.stat().st_size if log is not None and log.is_file() else None
@@ -149,7 +150,9 @@ class RunDir:
         return checkpoint.owner(self.path)
 
     def record(self, cfg: DictConfig, overrides: list[str] | None = None, hydra_cfg: DictConfig | None = None) -> None:
-        """Write the accepted run's ``.hydra/`` (config, overrides, Hydra's settings when known)."""
+        """Write the accepted run's ``.hydra/`` (config, overrides, Hydra's settings when known), and keep Hydra's
+        settings (``hydra_cfg``: the job's W&B name and group are read from them, ``sweep.wandb_names``)."""
+        self.hydra_cfg = hydra_cfg
         d = self.path / ".hydra"
         d.mkdir(exist_ok=True)
         files = {"config.yaml": cfg, "overrides.yaml": OmegaConf.create(list(overrides or [])),

@@ -20,6 +20,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from normfl.config import NOT_IN_KEY
 from normfl.config.hydra_private import basic_sweep
 from normfl.errors import ConfigError
 from normfl.results import FINISHED, shown, write_atomic
@@ -29,6 +30,7 @@ OUTCOMES = ".normfl-jobs"                      # a sweep's job outcomes, in its 
 JOBS = "jobs"                                  # the sweep's table of jobs: jobs.csv and jobs.md at its root
 STOP = "stop"                                  # in OUTCOMES once a sweep is asked to stop: the signal's number
 SWEEP_PID = "NORMFL_SWEEP_PID"                 # a joblib sweep's own process, so its workers know they are not it
+SWEPT = "NORMFL_SWEPT"                         # the keys a sweep varies (a JSON list), for its jobs' W&B names
 
 
 def resume_command(sweep_dir=None) -> str:
@@ -115,6 +117,32 @@ def swept(jobs: list[dict]) -> dict[int, dict[str, str]]:
     if len(values) > 1:
         keys = [k for k in keys if len({v.get(k) for v in values.values()}) > 1]
     return {job: {k: v.get(k, "") for k in keys} for job, v in values.items()}
+
+
+def wandb_names(hydra_cfg: DictConfig | None) -> dict:
+    """A job's W&B ``name`` and ``group`` where the user set none (``logger.group``), from Hydra's settings of it
+    (none without them: wandb's own). The name: in a sweep, the job's overrides of the keys the sweep varies
+    (``SWEPT``, which the sweep's process sets: ``algo.beta=0.1,algo.gamma=0.01``); in a single run, a sweep of one
+    job or of another sweeper, its overrides less those that leave its key unchanged (``logger=wandb``,
+    ``progress=false``). The group: the experiment named (``experiment=...``, unless swept), else in a sweep the
+    sweep's directory's name (a single run: none)."""
+    from hydra.types import RunMode
+
+    if hydra_cfg is None:
+        return {}
+    hc = hydra_cfg.hydra
+    multirun = hc.mode == RunMode.MULTIRUN
+    keys = json.loads(os.environ[SWEPT]) if multirun and SWEPT in os.environ else None
+
+    def named(override: str) -> bool:
+        key = override.split("=", 1)[0]
+        return key in keys if keys is not None else key.lstrip("+~").split(".")[0] not in NOT_IN_KEY
+
+    picked = [o for o in hc.overrides.task if named(o)]
+    experiment = OmegaConf.select(hc, "runtime.choices.experiment")
+    group = experiment if experiment and "experiment" not in (keys or ()) else (
+        Path(str(hc.sweep.dir)).name if multirun else None)
+    return {"name": ",".join(picked) or None, "group": group}
 
 
 def write_jobs(sweep_dir: Path, jobs: list[dict]) -> None:
@@ -278,6 +306,10 @@ class SweepReport(Callback):
             sys.exit(f"normfl: {clash}")
         sweep_dir = Path(str(config.hydra.sweep.dir))
         (sweep_dir / OUTCOMES / STOP).unlink(missing_ok=True)           # asked of an earlier sweep here
+        os.environ.pop(SWEPT, None)
+        if len(jobs) > 1:                       # the keys its jobs' W&B names show (wandb_names)
+            values = swept([{"job": num, "overrides": overrides} for num, overrides in jobs])
+            os.environ[SWEPT] = json.dumps(list(values[jobs[0][0]]))
         for num, overrides, err in refusals(config, jobs):
             print(f"normfl sweep: job {num} will be refused ({' '.join(overrides)}): {err}", file=sys.stderr)
         if "joblib" in str(config.hydra.launcher.get("_target_", "")):
@@ -288,6 +320,7 @@ class SweepReport(Callback):
 
         if self.stop is not None:
             self.stop.restore()
+        os.environ.pop(SWEPT, None)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not (sweep_dir / OUTCOMES).is_dir():
             return

@@ -3,8 +3,10 @@ clients' gradients from one stacked pass a round (``normfl.engine.lockstep``).""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from normfl.config import config_key
@@ -13,17 +15,20 @@ from normfl.results import record_failure
 from normfl.run import vectorized
 from normfl.run.setup import shared_key
 from normfl.run.signals import Interrupts
+from normfl.run.terminal import progress_bar, progress_label
 from normfl.run.training import INPUT_ERRORS, Training, start
 
 log = logging.getLogger("normfl")
 
 
-def train_together(jobs: list[tuple], max_runs: int = 32, log_name: str = "train.log") -> list[dict]:
+def train_together(jobs: list[tuple], max_runs: int = 32, log_name: str = "train.log",
+                   ended: Callable[[int, dict], None] | None = None) -> list[dict]:
     """Train the jobs of a sweep, each (config, run directory[, overrides[, Hydra's config]]), those that
     share ``SHARED`` side by side in one process, at most ``max_runs`` at a time
     (``normfl.engine.lockstep``); returns each job's summary, or ``{"status": "refused" | "failed",
     "error": ...}`` for a job refused (nothing of it left, as ``main`` does) or failed (recorded as failed).
-    One run that fails or diverges ends alone; the others go on."""
+    One run that fails or diverges ends alone; the others go on. ``ended(i, result)`` is called for each job of
+    a group once the group's bars are gone (the stacked launcher prints its closing line)."""
     results: list = [None] * len(jobs)
     groups: dict[str, list[int]] = {}
     for i, (cfg, *_) in enumerate(jobs):
@@ -49,13 +54,38 @@ def train_together(jobs: list[tuple], max_runs: int = 32, log_name: str = "train
                 else:
                     trainings[i] = t
             try:
-                _side_by_side(list(trainings.values()))
-                for i, t in trainings.items():
-                    results[i] = t.finish() if t.status != "failed" else {"status": "failed", "error": t.error}
+                with _bars(list(trainings.values())):
+                    _side_by_side(list(trainings.values()))
+                    for i, t in trainings.items():
+                        results[i] = t.finish() if t.status != "failed" else {"status": "failed", "error": t.error}
             finally:
                 for t in trainings.values():
                     t.rundir.release()
+            if ended is not None:
+                for i in chunk:
+                    ended(i, results[i])
     return results
+
+
+@contextlib.contextmanager
+def _bars(trainings: list[Training]):
+    """A progress bar for each run whose config asks for one (``progress``), each on its own line and labelled as a
+    parallel sweep's jobs' are (``terminal.progress_label``: ``#1 algo.beta=0.1``). While they are drawn, log lines go
+    through tqdm, which lifts the bars, writes the line and draws them again below it; they are gone at the end."""
+    shown = [t for t in trainings if t.cfg.progress]
+    for position, t in enumerate(shown):
+        t.bar = progress_bar(t.cfg, t.k, True, progress_label(t.rundir.hydra_cfg), position)
+    if not shown:
+        yield
+        return
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    try:
+        with logging_redirect_tqdm():
+            yield
+    finally:
+        for t in shown:
+            t.bar.close()
 
 
 def _side_by_side(trainings: list[Training]) -> None:

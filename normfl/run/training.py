@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from normfl import checkpoint
 from normfl.config import ConfigError, config_key, resolve_clients, validate
@@ -29,6 +28,8 @@ from normfl.run.setup import Setup, build, round_of
 from normfl.run.signals import Interrupts
 from normfl.run.signals import Stopped as Stopped  # re-exported: run.cli and tests import them from here
 from normfl.run.signals import signal_name as signal_name
+from normfl.run.sweep import wandb_names
+from normfl.run.terminal import progress_bar, progress_label
 from normfl.syncs import reading
 
 log = logging.getLogger("normfl")
@@ -59,7 +60,8 @@ class Training:
         self.captured = getattr(self.round, "captured", self.clients.engine.captured)
         (self.out_dir / "partition.csv").write_text(
             label_histogram_csv(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes))
-        self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
+        self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
+                            wandb_names(rundir.hydra_cfg))
         self.bits = self.algo.bits_per_coord or 8 * self.x.element_size()
         self.upload_bytes = flat.dim * self.bits / 8
         if state:                                            # continue where the checkpoint left off
@@ -82,8 +84,7 @@ class Training:
         self.watch = checkpoint.StateWatch(self.algo, ("mech",) if self.audit and self.audit.inband else ())
         self.status, self.t0 = "completed", time.perf_counter() - self.rec.rows[-1]["wall_time"]
         self.active = self.k < cfg.rounds
-        self.bar = tqdm(total=cfg.rounds, initial=self.k, disable=not progress, desc=cfg.algo.name,
-                        dynamic_ncols=True)
+        self.bar = progress_bar(cfg, self.k, progress, progress_label(rundir.hydra_cfg))
         self.uncovered, self.weak_delta, self.not_certified = cautions(self.algo, flat.module, setup.parts)
         if self.algo.private:                                # said before the first round, and again at the end
             releases = self.algo.planned_releases(cfg.rounds * setup.steps_per_round)

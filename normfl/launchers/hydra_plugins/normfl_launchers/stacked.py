@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +27,16 @@ def _output_dir(cfg) -> tuple[Path, object]:
     return Path(HydraConfig.get().runtime.output_dir), copy.deepcopy(HydraConfig.instance().cfg)
 
 
+def _closing_line(summary: dict, run_dir: Path) -> None:
+    """A finished run's closing line, plain on stdout as a job of any other launcher ends (a failed run's error and
+    traceback were logged where it failed: these runs keep no log file of their own)."""
+    from normfl.results import FINISHED, closing_line
+    from normfl.run.terminal import fresh
+
+    if summary.get("status") in FINISHED:
+        print(fresh(sys.stdout) + closing_line(summary, run_dir), flush=True)
+
+
 class StackedLauncher(Launcher):
     def __init__(self, max_runs: int = 32) -> None:
         self.max_runs = int(max_runs)
@@ -37,6 +48,7 @@ class StackedLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from normfl.run import train_together
         from normfl.run.sweep import note
+        from normfl.run.terminal import fresh_lines
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -52,8 +64,10 @@ class StackedLauncher(Launcher):
             jobs.append(run_job(hydra_context=self.hydra_context, task_function=_output_dir, config=sweep_config,
                                 job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        fresh_lines(logging.getLogger())                 # no log line continues a bar on a terminal
         summaries = train_together([(job.cfg, job.return_value[0], list(job.overrides), job.return_value[1])
-                                    for job in jobs], self.max_runs)
+                                    for job in jobs], self.max_runs,
+                                   ended=lambda i, summary: _closing_line(summary, jobs[i].return_value[0]))
         for idx, (job, summary) in enumerate(zip(jobs, summaries, strict=True), start=initial_job_idx):
             run_dir, job.return_value = job.return_value[0], summary      # the run's folder: for jobs.md's table
             note(self.config.hydra.sweep.dir, idx, list(job.overrides), summary["status"], run_dir)
