@@ -84,12 +84,15 @@ def test_make_figures_redraws_only_the_named_ids_in_each_of_their_profiles(commi
 
     from normfl.reproduce.__main__ import main
 
-    make = {ids: subprocess.run(["make", "-n", "figures", *([f"IDS={ids}"] if ids else [])], cwd=REPO,
-                                capture_output=True, text=True).stdout.strip().splitlines()[-1]
-            for ids in ("normfedavg-t3 alidpfl-t2", "")}
-    assert make["normfedavg-t3 alidpfl-t2"].endswith("-m normfl.reproduce figures --all-profiles normfedavg-t3 "
-                                                     "alidpfl-t2")
-    assert make[""].endswith("-m normfl.reproduce figures --all-profiles")
+    def make(*ids):          # the command `make figures` runs (under make test too, which adds its own lines)
+        out = subprocess.run(["make", "-n", "--no-print-directory", "figures", *([f"IDS={' '.join(ids)}"] if ids
+                                                                                 else [])],
+                             cwd=REPO, capture_output=True, text=True).stdout
+        return [line.strip() for line in out.splitlines() if "normfl.reproduce figures" in line]
+
+    assert make("normfedavg-t3", "alidpfl-t2")[0].endswith("-m normfl.reproduce figures --all-profiles normfedavg-t3 "
+                                                          "alidpfl-t2")
+    assert make()[0].endswith("-m normfl.reproduce figures --all-profiles")
     real, out = figures.draw, tmp_path / "docs"
     monkeypatch.setattr(figures, "draw", lambda t, profile, store, **_: real(t, profile, store, out=out))
     (tmp_path / "store").mkdir()                                # an empty one: a fresh clone has none
