@@ -1,4 +1,4 @@
-"""The error every refused input raises, wherever it is detected."""
+"""The error every refused input raises, wherever it is detected, and the one a release beyond its bound raises."""
 
 
 class ConfigError(ValueError):
@@ -7,6 +7,11 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value, allowed: str, message: str | None = None):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(message or f"invalid config: {key}={value!r}; allowed: {allowed}")
+
+
+class PrivacyError(RuntimeError):
+    """A private run's algorithm handed its privatizer a message beyond the sensitivity the noise is calibrated
+    to: its release would not be as private as the run reports, so the run stops before releasing it."""
 
 
 class DataError(ConfigError):

@@ -4,6 +4,7 @@ certificate, canaries never inserted show nothing, and each deliberately broken 
 bound above the ε its run certifies."""
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ import torch
 from normfl import ops
 from normfl.algorithms import alidpfl
 from normfl.engine import clipping
-from normfl.errors import ConfigError
+from normfl.errors import ConfigError, PrivacyError
 from normfl.privacy import mechanisms
 from normfl.privacy.audit import canaries
 from normfl.run import run
@@ -73,7 +74,9 @@ def tenth_of_the_noise(monkeypatch):
 
 
 def bounding_skipped(monkeypatch):
+    """The uploads left unbounded, and the privatizer's own check of them off, as on a GPU (``within``)."""
     monkeypatch.setattr(ops.Bounding, "__call__", lambda self, v: v)
+    monkeypatch.setattr(mechanisms, "within", lambda *a: None)
 
 
 def clipping_skipped(monkeypatch):
@@ -124,6 +127,39 @@ def test_a_broken_privatizer_is_refuted(family, bug, overrides, tmp_path, data_r
     audit = audited(data_root, tmp_path, family, 600, *overrides)
     assert audit["verdict"] == "refutes the certificate", audit
     assert max(audit["eps_lower"], audit["eps_lower_curve"]) > audit["eps_certified"]
+
+
+CLIENT_NOISE = [["algo=dp_normec"], ["algo=dp_clip21"], ["algo=dp_fed_normec", "p=0.5"],
+                ["algo=dp_fedavg", "algo.noise_by=client", "algo.local_steps=2"]]
+
+
+@pytest.mark.parametrize("algo", CLIENT_NOISE, ids=[a[0][5:] for a in CLIENT_NOISE])
+def test_an_upload_beyond_its_bound_stops_the_run_before_its_release(algo, tmp_path, data_root, monkeypatch):
+    """Every algorithm whose clients add their own noise: with its bounding skipped (a clip or normalization
+    forgotten, as in one's own algorithm) the privatizer finds the upload above its sensitivity on the CPU and the
+    run stops in its first round, instead of reporting an ε its releases do not have."""
+    monkeypatch.setattr(ops.Bounding, "__call__", lambda self, v: 50 * v)
+    cfg = composed(*SMALL, *algo, "batch_size=8", "rounds=2", "eval_every=1", f"data_root={data_root}")
+    said = (r"privacy: an upload handed to the gaussian privatizer has l2 norm [\d.]+ \(row \d+\), above the "
+            r"sensitivity [\d.]+ its noise is calibrated to")
+    with pytest.raises(PrivacyError, match=said):
+        run(cfg, tmp_path / "run")
+
+
+def test_the_check_is_of_each_upload_at_its_bound_and_only_the_clients():
+    within, s = mechanisms.within, 0.5
+    rows = torch.nn.functional.normalize(torch.randn(4, 1000), dim=1) * s            # every row at the bound
+    within(rows, s, "gaussian")
+    mechanisms.Gaussian(s, 1.0, "client")(rows, torch.Generator().manual_seed(0))
+    over = rows.clone()
+    over[2] *= 1.001                                                                   # one row 0.1% above
+    with pytest.raises(PrivacyError, match=r"l2 norm 0.5005 \(row 2\), above the sensitivity 0.5"):
+        mechanisms.Gaussian(s, 1.0, "client")(over, torch.Generator().manual_seed(0))
+    with pytest.raises(PrivacyError):
+        within(torch.full((3,), float("nan")), s, "gaussian")
+    mechanisms.Gaussian(s, 1.0, "server")(over.sum(0), torch.Generator().manual_seed(0))      # a sum: not rows
+    within(over[:0], s, "gaussian")                                                    # no client this round
+    within(over, math.inf, "gaussian")                                                 # no bound to hold
 
 
 @pytest.mark.slow

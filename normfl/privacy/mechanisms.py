@@ -16,6 +16,11 @@ Every noisy release in normfl goes through one privatizer ``m``:
 
 The draws are the caller's: an algorithm passes the generator of its (seed, stream, round)
 (``ops.round_generator``), so a run is reproducible and every round gets fresh noise.
+
+A Gaussian privatizer on clients' own uploads checks, on the CPU, that each upload is within its sensitivity
+before it adds the noise (``within``): an algorithm that forgot to clip or normalize (one's own, in one file)
+stops with a ``PrivacyError`` instead of reporting an ε its releases do not have. On a GPU the check would make
+the host wait each round; the canary audits and the CPU runs a new algorithm is tried on catch it there.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from normfl.errors import PrivacyError
 from normfl.privacy.accounting import EpsDeltaRelease, GaussianRelease
 from normfl.privacy.qtdl import QTDL, Binomial, Sensitivity
 
@@ -50,6 +56,24 @@ class Privatizer(Protocol):
     def release(self) -> GaussianRelease | EpsDeltaRelease: ...
 
     def describe(self) -> dict: ...
+
+
+def within(v: torch.Tensor, bound: float, name: str) -> None:
+    """Raise ``PrivacyError`` unless each row of ``v`` (each client's upload) has l2 norm at most ``bound``, to
+    the rounding of ``v``'s precision. On the CPU only, where reading the norms back makes nothing wait."""
+    if v.device.type != "cpu" or not 0 < bound < math.inf or v.numel() == 0:
+        return
+    from normfl.syncs import reading
+
+    with reading():
+        norms = torch.linalg.vector_norm(v.float(), dim=-1).reshape(-1)
+        worst = int(norms.argmax())
+        norm = float(norms[worst])
+    if not norm <= bound * (1 + max(1e-4, 8 * torch.finfo(v.dtype).eps)):      # NaN fails too
+        raise PrivacyError(f"privacy: an upload handed to the {name} privatizer has l2 norm {norm:.6g} (row {worst}), "
+                           f"above the sensitivity {bound:.6g} its noise is calibrated to, so its release would not "
+                           "be as private as the run reports; the algorithm must bound each upload (clip or "
+                           "normalize it to that norm) before privatizing it")
 
 
 def _gaussian(v: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
@@ -85,6 +109,8 @@ class Gaussian:
         return self.std / self.sensitivity if 0 < self.sensitivity < math.inf else 0.0
 
     def __call__(self, v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        if self.who == "client":                   # rows are the clients' own uploads (the server's sum is not)
+            within(v, self.sensitivity, self.name)
         return v if self.std == 0.0 else _gaussian(v, self.std, gen)
 
     def release(self) -> GaussianRelease:
