@@ -235,3 +235,19 @@ def test_the_legend_names_what_differs_briefly_and_stays_in_the_figure(tmp_path,
     fig.canvas.draw()
     box, page = fig.axes[0].get_legend().get_window_extent(), fig.bbox
     assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+
+
+def test_a_fold_counts_what_each_number_is_over():
+    """Three seeds, one diverged: its accuracy is no number, so the mean ± std is over two and says so; a count
+    stays whole; the CSV keeps mean, std and n apart."""
+    from normfl.table import fold, folded_markdown
+
+    t = pd.DataFrame({"algo.beta": [0.1] * 3, "status": ["completed", "diverged", "completed"],
+                      "final acc %": [60.0, float("nan"), 62.0], "rounds run": pd.array([5, 3, 5], dtype="Int64"),
+                      "dir": ["a", "b", "c"]})
+    f = fold(t, ["algo.beta"])
+    assert (f["n"][0], f["final acc %"][0], f["final acc % n"][0]) == (3, 61.0, 2)
+    assert f["final acc % std"][0] == pytest.approx(2 ** 0.5) and f["dir"][0] == "a b c"
+    (row,) = rows(folded_markdown(f, ["algo.beta"]))
+    assert row["final acc %"] == "61.00 ± 1.41 (n = 2)" and row["status"] == "2 completed, 1 diverged"
+    assert row["rounds run"] == "4.33 ± 1.15" and row["n"] == "3"
