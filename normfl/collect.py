@@ -143,11 +143,12 @@ def main(argv=None) -> None:
     if not dirs:
         fail(f"no run (a folder holding a summary.json) at or below {', '.join(args.paths)}", 1)
     known = dict.fromkeys(k for d in dirs for k in leaves(d))
-    by = [k for arg in args.by for k in arg.split(",") if k] or varying(dirs)
+    differ = varying(dirs)
+    by = [k for arg in args.by for k in arg.split(",") if k] or differ
     for k in by:
         if k not in known:
             fail(f"invalid --by={k}: no run's config has it; allowed: dotted config keys, such as "
-                 + ", ".join(list(dict.fromkeys([*varying(dirs), *known]))[:6]))
+                 + ", ".join(list(dict.fromkeys([*differ, *known]))[:6]))
     cols = list(dict.fromkeys(c for d in dirs if metrics_file(d).is_file() for c in curve(d).columns))
     if args.metric not in DERIVED and (args.plot is None or args.metric not in cols):
         fail(f"invalid --metric={args.metric}; allowed: {', '.join(DERIVED)}"
@@ -156,7 +157,7 @@ def main(argv=None) -> None:
     if args.plot and args.x not in cols:
         fail(f"invalid --x={args.x}; allowed: a column of metrics.csv: {', '.join(cols) or '(none has one)'}")
     if not args.per_seed:          # a setting is every differing key but the seed
-        by = [k for k in dict.fromkeys([*by, *varying(dirs)]) if k != "seed"]
+        by = [k for k in dict.fromkeys([*by, *differ]) if k != "seed"]
     t = table(collect(*dirs, keys=tuple(by)), by, error=args.metric.startswith("test_error"))
     folded = None if args.per_seed else fold(t, by)
     md = (markdown(t, by) if folded is None else folded_markdown(folded, by)) + "\n"

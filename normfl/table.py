@@ -23,7 +23,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from normfl.config import KEY_DEFAULTS, NOT_IN_KEY
-from normfl.config.run_key import ADAPTIVE_ONLY, RAW_UNREAD
+from normfl.config.run_key import unread
 from normfl.privacy import certified
 from normfl.render import fmt, markdown_table
 from normfl.results import config_file
@@ -58,14 +58,17 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+@functools.cache
+def _unread(run: Path) -> tuple[str, ...]:
+    """What the run does not read: a run that adds no noise (no ``privacy`` in its summary) no privacy or
+    accountant key, and the keys its config leaves unread (``run_key.unread``: the τ rule's, raw pixels' mean)."""
+    noiseless = ("privacy", "accountant") if not _summary(run).get("privacy") else ()
+    return (*noiseless, *unread(OmegaConf.to_container(_config(run), resolve=False)))
+
+
 def reads(run: Path, key: str) -> bool:
-    """Whether the run reads config ``key``: one that adds no noise (no ``privacy`` in its summary) reads no
-    privacy or accountant key, a fixed-τ DPFL run none of the τ rule's, a run on raw pixels no mean or std."""
-    f = leaves(run)
-    unread = [*(("privacy", "accountant") if not _summary(run).get("privacy") else ()),
-              *(ADAPTIVE_ONLY if f.get("algo.adaptive") == "false" else ()),
-              *(RAW_UNREAD if f.get("dataset.scale") == '"raw"' else ())]
-    return not any(key == u or key.startswith(f"{u}.") for u in unread)
+    """Whether the run reads config ``key`` (``_unread``)."""
+    return not any(key == u or key.startswith(f"{u}.") for u in _unread(run))
 
 
 def varying(dirs: list[Path]) -> list[str]:

@@ -56,8 +56,6 @@ from benchmarks.setting import bench  # noqa: E402
 from benchmarks.settings import PAPER_REPS, REPO, SETTINGS  # noqa: E402
 from benchmarks.sweep import sweep_throughput  # noqa: E402
 
-from normfl.run import vectorized as vectorized  # noqa: E402  (re-exported: tests/test_bench.py patches its Group)
-
 
 def main():
     """The parts asked for, in turn, each written to the CSV as it ends; then the table."""

@@ -47,8 +47,10 @@ def test_bench_times_every_variant_of_a_setting(setting, overrides, data_root):
 
 def test_bench_times_runs_side_by_side(data_root, monkeypatch):
     """The runs step as the stacked launcher steps such a grid: one vectorized group of all of them."""
-    made, real = [], bench.vectorized.Group
-    monkeypatch.setattr(bench.vectorized, "Group", lambda trainings: (made.append(len(trainings)), real(trainings))[1])
+    from normfl.run import vectorized
+
+    made, real = [], vectorized.Group
+    monkeypatch.setattr(vectorized, "Group", lambda trainings: (made.append(len(trainings)), real(trainings))[1])
     rows = bench.together([f"data_root={data_root}", "dataset.train_limit=200", "dataset.test_limit=50", "clients=2",
                            "batch_size=4"], reps=1, runs=3)
     got = {r["variant"]: r for r in rows}

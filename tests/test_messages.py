@@ -195,7 +195,7 @@ def test_a_delta_not_small_against_the_units_protected_is_said(delta, warned, tm
 
 
 def test_for_sample_level_privacy_the_units_are_the_smallest_clients_samples():
-    from normfl.run.training import weak_delta
+    from normfl.run.privacy_report import weak_delta
 
     parts = [np.arange(40), np.arange(25), np.arange(100)]
     assert weak_delta("sample", 0.03, parts) is None

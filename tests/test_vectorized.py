@@ -150,7 +150,7 @@ def test_grouped_runs_stopped_by_a_signal_resume_to_the_runs_made_alone(grid, tm
     import signal
 
     from normfl.run import together
-    from normfl.run.training import Interrupts, Stopped
+    from normfl.run.signals import Interrupts, Stopped
 
     polls = itertools.count()
 

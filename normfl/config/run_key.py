@@ -36,6 +36,15 @@ def _holder(data: dict, key: str) -> tuple[dict | None, str]:
     return (data, last) if isinstance(data, dict) and last in data else (None, last)
 
 
+def unread(data: dict) -> list[str]:
+    """The dotted keys a run with config ``data`` (a plain container) takes but does not read: the τ rule's in a
+    fixed-τ DPFL run (``ADAPTIVE_ONLY``), the mean and std on raw pixels (``RAW_UNREAD``). Its key holds the first
+    at their defaults and leaves the second out; ``normfl.table`` neither shows them nor counts them as differing."""
+    algo, dataset = data.get("algo") or {}, data.get("dataset") or {}
+    return [*(ADAPTIVE_ONLY if algo.get("adaptive") is False else ()),
+            *(RAW_UNREAD if dataset.get("scale") == "raw" else ())]
+
+
 def config_key(cfg: DictConfig) -> str:
     """A stable hash of what a run computes: the resolved config without NOT_IN_KEY (an in-band audit, which
     changes what the run computes, stays in)."""
@@ -45,13 +54,11 @@ def config_key(cfg: DictConfig) -> str:
         node, last = _holder(data, key)
         if node is not None and node[last] == default:
             del node[last]
-    for key, default in ADAPTIVE_ONLY.items():
+    for key in unread(data):
         node, last = _holder(data, key)
-        if node is not None and node.get("adaptive") is False:
-            node[last] = default
-    for key in RAW_UNREAD if (data.get("dataset") or {}).get("scale") == "raw" else ():
-        node, last = _holder(data, key)
-        if node is not None:
+        if node is not None and key in ADAPTIVE_ONLY:
+            node[last] = ADAPTIVE_ONLY[key]
+        elif node is not None:
             del node[last]
     for key, text in KEY_PATHS.items():
         node, last = _holder(data, key)

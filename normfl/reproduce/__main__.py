@@ -161,8 +161,8 @@ def cmd_figures(args) -> None:
         return draw(chosen(args), args)
     from normfl.reproduce import targets
 
+    named = [targets.get(n) for n in args.names] or list(targets.TARGETS.values())
     for profile in jobs.PROFILES:
-        named = [targets.get(n) for n in args.names] or targets.TARGETS.values()
         draw([t for t in named if jobs.has_profile(t.grid, profile)], args, profile)
 
 

@@ -30,7 +30,13 @@ OUTCOMES = ".normfl-jobs"                      # a sweep's job outcomes, in its 
 JOBS = "jobs"                                  # the sweep's table of jobs: jobs.csv and jobs.md at its root
 STOP = "stop"                                  # in OUTCOMES once a sweep is asked to stop: the signal's number
 SWEEP_PID = "NORMFL_SWEEP_PID"                 # a joblib sweep's own process, so its workers know they are not it
-SWEPT = "NORMFL_SWEPT"                         # the keys a sweep varies (a JSON list), for its jobs' W&B names
+SWEPT = "NORMFL_SWEPT"                         # the keys a sweep varies (a JSON list): its jobs' labels and names
+
+
+def swept_keys() -> list[str] | None:
+    """The keys the sweep running this job varies (``SWEPT``, set by the sweep's process when it has more than one
+    job, inherited by joblib's workers); None outside such a sweep."""
+    return json.loads(os.environ[SWEPT]) if SWEPT in os.environ else None
 
 
 def resume_command(sweep_dir=None) -> str:
@@ -132,7 +138,7 @@ def wandb_names(hydra_cfg: DictConfig | None) -> dict:
         return {}
     hc = hydra_cfg.hydra
     multirun = hc.mode == RunMode.MULTIRUN
-    keys = json.loads(os.environ[SWEPT]) if multirun and SWEPT in os.environ else None
+    keys = swept_keys() if multirun else None
 
     def named(override: str) -> bool:
         key = override.split("=", 1)[0]

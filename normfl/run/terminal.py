@@ -3,14 +3,12 @@ apart (``job_label``: ``#1 algo.beta=0.1``), and lines that never continue a bar
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from normfl.run.sweep import SWEPT
+from normfl.run.sweep import swept_keys
 
 
 def progress_bar(cfg: DictConfig, initial: int, on: bool, label: str | None, position: int | None = None) -> tqdm:
@@ -27,13 +25,12 @@ LABEL = 60                                     # characters of a sweep job's lab
 
 def progress_label(hydra_cfg: DictConfig | None) -> str | None:
     """The label of a sweep job's progress bar (``job_label``), from Hydra's settings of the job and the keys its
-    sweep varies (``SWEPT``); None for a single run, whose bar keeps its algorithm's name."""
+    sweep varies (``sweep.swept_keys``); None for a single run, whose bar keeps its algorithm's name."""
     from hydra.types import RunMode
 
     if hydra_cfg is None or hydra_cfg.hydra.mode != RunMode.MULTIRUN:
         return None
-    keys = json.loads(os.environ[SWEPT]) if SWEPT in os.environ else []
-    return job_label(hydra_cfg.hydra.job.num, list(hydra_cfg.hydra.overrides.task), keys)
+    return job_label(hydra_cfg.hydra.job.num, list(hydra_cfg.hydra.overrides.task), swept_keys() or [])
 
 
 def job_label(num: int, overrides: list[str], keys: list[str]) -> str:

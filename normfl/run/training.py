@@ -21,13 +21,10 @@ from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import certified
 from normfl.results import Recorder, finished
 from normfl.run.privacy_report import cautions, planned_spent, summary_block, warn_above_target
-from normfl.run.privacy_report import weak_delta as weak_delta  # re-exported: tests import it from here
 from normfl.run.provenance import peak_rss_mb, where
 from normfl.run.rundir import RunDir
 from normfl.run.setup import Setup, build, round_of
 from normfl.run.signals import Interrupts
-from normfl.run.signals import Stopped as Stopped  # re-exported: run.cli and tests import them from here
-from normfl.run.signals import signal_name as signal_name
 from normfl.run.sweep import wandb_names
 from normfl.run.terminal import progress_bar, progress_label
 from normfl.syncs import reading
