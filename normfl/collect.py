@@ -98,7 +98,7 @@ def plot(t: pd.DataFrame, by: list[str], path: Path, metric: str = "test_acc", x
             ax.fill_between(mean.index, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
     ax.set_xlabel(x), ax.set_ylabel(DERIVED[metric][0] if metric in DERIVED else metric)
     ax.set_yscale("log" if metric.endswith("loss") else "linear")
-    note = f"{len(ax.lines)} curves"
+    note = f"{len(ax.lines)} curve{'s' * (len(ax.lines) != 1)}"
     if len(ax.lines) > LEGEND_MAX:
         note += f"; no legend above {LEGEND_MAX} (fewer paths, or --by, tell them apart)"
     elif ax.lines:                   # beside the axes, the figure grown to hold it (long labels wrapped)
