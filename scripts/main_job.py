@@ -3,10 +3,11 @@ setting this machine can afford, then its final test accuracy against the paper'
 
     python scripts/main_job.py RUN_DIR [overrides]
 
-On a machine with CUDA it is the paper's setting: a round read as one pass over each client's shard (reading A2),
-300 passes (42,000 steps), evaluated after each, the clients stacked under bf16 autocast. On a CPU, where that
-is about 14 hours, it is the text's reading (one step a round, 300 steps), evaluated every 10 rounds, and it
-ends with the command that runs the paper's setting on a GPU. Overrides come last, so they win either way.
+On a machine with CUDA it is the paper's setting, the paper profile's run of that cell: a round read as one pass
+over each client's shard (reading A2), 300 passes (42,000 steps), evaluated after each, the clients stacked under
+bf16 autocast; it becomes the cell's record in outputs/records (commit it). On a CPU, where that is about 14
+hours, it is the text's reading (one step a round, 300 steps), evaluated every 10 rounds, and it ends with the
+command that runs the paper's setting on a GPU. Overrides come last, so they win either way.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from normfl.reproduce import jobs, records  # noqa: E402
 from normfl.reproduce.paper import paper_value, param_label  # noqa: E402
+from normfl.results import FINISHED  # noqa: E402
 
 CPU = ["eval_every=10"]
-GPU = ["reading=pass", "eval_every=1", "device=cuda", "backend=stacked", "precision=bf16"]
+GPU = [*(f"{k}={jobs.value_text(v)}" for k, v in jobs.settings("normec_np_sn", "paper").items()), "profile=paper",
+       "device=cuda", "backend=stacked"]                                 # the paper profile's run of the cell
 GPU_COMMAND = "python train.py " + " ".join(GPU) + " algo.beta={beta} algo.gamma={gamma} algo.server_norm={sn}"
 
 
@@ -73,10 +77,32 @@ def report(run_dir: Path) -> None:
 def main(run_dir: Path, overrides: list[str]) -> int:
     cmd = [sys.executable, str(REPO / "train.py"), *setting(), f"hydra.run.dir={run_dir}", *overrides]
     print("main job:", " ".join(cmd[2:]), flush=True)
-    code = subprocess.call(cmd, cwd=REPO)
+    proc = subprocess.Popen(cmd, cwd=REPO)
+    while (code := _wait(proc)) is None:     # a Ctrl-C reaches the run too: it saves a checkpoint and stops
+        pass
     if (run_dir / "summary.json").exists():
         report(run_dir)
+        record(run_dir)
     return code
+
+
+def record(run_dir: Path) -> None:
+    """A finished paper-profile run of a NORMEC-T2 cell (the main job on a GPU) becomes that cell's record."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary.get("profile") != "paper" or summary["status"] not in FINISHED:
+        return
+    if summary["config_key"] in {job.key for job in jobs.jobs("normec_t2", "paper")}:
+        print(f"record {records.pack(run_dir)}: {records.RECORDS / summary['config_key']} (NORMEC-T2, paper "
+              "profile; commit it)")
+
+
+def _wait(proc: subprocess.Popen) -> int | None:
+    """The run's exit code, or None on a Ctrl-C to this process (subprocess.call would kill the run then, before
+    it saves its checkpoint)."""
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return None
 
 
 if __name__ == "__main__":
