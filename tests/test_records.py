@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+import normfl.run.training
 from normfl.config import config_key
 from normfl.errors import ConfigError
 from normfl.reproduce import campaign, jobs, records, verify
@@ -146,9 +147,12 @@ def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     j = job(data_root, "rounds=5", "eval_every=1")
     campaign.run([j], store, 300, threads=1, out=tmp_path / "a.tar.gz")
-    lines = []
-    assert verify.verify(verify.record_dirs([j.key], "paper"), threads=1, log=lines.append) == 0
+    lines, used = [], []
+    train = normfl.run.training.run
+    monkeypatch.setattr(normfl.run.training, "run", lambda cfg, d: used.append(cfg.threads) or train(cfg, d))
+    assert verify.verify(verify.record_dirs([j.key], "paper"), log=lines.append) == 0
     assert lines[-1].startswith(j.key) and lines[-1].endswith("): identical (every number but wall time)")
+    assert used == [1]                              # the record's thread count (--threads: another)
     rec = records.RECORDS / j.key
     files = records.contents(rec)                   # a diverged run's NaN equals itself
     files["summary.json"] = json.dumps({**json.loads(files["summary.json"]), "final_train_loss": float("nan")})
@@ -170,10 +174,13 @@ def test_verify_trains_a_record_again_and_says_how_far_it_comes_out(clone, data_
     assert "test accuracy by at most 3.00 pt at 1 of 6 evaluations" in lines[-1]
     assert "other numbers by at most 1.0e-03 relative (test_loss)" in lines[-1]
     torch_version = summary["versions"]["torch"]
-    assert f"recorded on another CPU, torch {torch_version}, now on {summary['device_name']}" in lines[-1]
+    assert (f"recorded on another CPU, torch {torch_version}, 1 thread, now on {summary['device_name']}, "
+            f"torch {torch_version}, 1 thread") in lines[-1]
     with pytest.raises(ConfigError, match="a record's key"):
         verify.record_dirs(["normec-000000000000"], "paper")
     assert list(scratch.iterdir()) == []                                 # the runs made again are gone
+    verify.verify([records.RECORDS / j.key], threads=2, log=lines.append)
+    assert used[-1] == 2 and "1 thread, now on" in lines[-1] and ", 2 threads" in lines[-1]
 
 
 @pytest.mark.slow

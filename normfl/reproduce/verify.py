@@ -73,7 +73,8 @@ def compare(recorded: dict[str, bytes], fresh: dict[str, bytes]) -> dict:
            sb.get("final_test_acc")), "fields": [k for k in differ if k not in numbers], "numbers": numbers,
            "columns": [], "relative": max((abs(sa[k] - sb[k]) / max(abs(sb[k]), 1e-12) for k in numbers),
                                           default=0.0),
-           "where": [f"{s.get('device_name', '?')}, torch {s.get('versions', {}).get('torch', '?')}" for s in (sa, sb)]}
+           "where": [f"{s.get('device_name', '?')}, torch {s.get('versions', {}).get('torch', '?')}, "
+                     f"{s.get('threads', '?')} thread{'' if s.get('threads') == 1 else 's'}" for s in (sa, sb)]}
     if list(a.columns) != list(b.columns) or len(a) != len(b):
         out["shape"] = (a.shape, b.shape)
         return out
@@ -117,7 +118,7 @@ def line(key: str, commit: str, diff: dict) -> str:
         parts.append(f"a number in one run's table only ({', '.join(missing[:4])})")
     if diff["fields"]:
         parts.append(f"summary fields {', '.join(diff['fields'][:6])}")
-    if diff["where"][0] != diff["where"][1]:                 # float rounding is expected to differ there
+    if diff["where"][0] != diff["where"][1]:         # float rounding is expected to differ there (threads too)
         parts.append(f"recorded on {diff['where'][0]}, now on {diff['where'][1]}")
     return f"{where}: differs: " + "; ".join(parts)
 
@@ -131,7 +132,10 @@ def verify(run_dirs: list[Path], threads: int | None = None, log=print) -> int:
         recorded = records.contents(d)
         summary = json.loads(recorded["summary.json"])
         cfg = today(OmegaConf.create(recorded["config.yaml"].decode()))
-        cfg.threads, cfg.progress, cfg.checkpoint_every = threads, False, 0
+        # the record's own thread count unless told otherwise: a CPU's sums split over more threads round
+        # differently (a 300-round ResNet20 record made on 1 thread came out 0.40 pt apart on 2)
+        cfg.threads = threads or summary.get("threads") or cfg.get("threads")
+        cfg.progress, cfg.checkpoint_every = False, 0
         scratch = Path(tempfile.mkdtemp(prefix=f"normfl-verify-{d.name}-"))
         try:
             log(f"  training {d.name} again (recorded in {summary.get('wall_time_s', 0) / 60:.1f} min)")
