@@ -184,7 +184,11 @@ def test_a_captured_pass_replays_what_eager_computes():
 @pytest.mark.parametrize("overrides", [("algo=normec", "model=resnet20", "dataset=cifar10", "backend=stacked"),
                                        ("algo=dp_fedavg", "p=0.5", "algo.noise_by=server", "model=cnn",
                                         "dataset=fashion_mnist"),
-                                       ("experiment=nfa_t4_qtdl", "algo.cohort_size=2", "model=mlp")])
+                                       ("experiment=nfa_t4_qtdl", "algo.cohort_size=2", "model=mlp"),
+                                       # who takes part is drawn on the host (ops.Participation.draw): its nonzero
+                                       # reads a host tensor, never the device (issue 57.3)
+                                       ("algo=fed_normec", "p=0.5", "model=mlp", "dataset=fashion_mnist",
+                                        "backend=stacked")])
 def test_rounds_on_cuda_never_wait_for_the_device(overrides, tmp_path, data_root):
     """Issue 29.1-2: the training data lives on the GPU, and rounds between two evaluations (and checkpoints:
     none here) run with CUDA's sync debug mode set to error: no read, no data-dependent shape, no blocking copy
