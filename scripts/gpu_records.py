@@ -19,7 +19,8 @@ A step that finds its records here already is skipped. Runs the budget stops sav
 the records (``campaign.archive``: parts of at most 16 MiB). Writes into OUT ``<step>-records.tar.gz`` (and its
 ``-2``, ``-3`` parts), one per step that trained, and ``logs.tar.gz`` (every step's output and reports); prints
 what each step did. ``--profile quick`` rehearses a call on a CPU (the campaign steps take that profile's runs;
-the main job takes the overrides given after the options).
+the main job takes the overrides given after the options; its records go to the work folder, not the
+committed store).
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     out, work = args.out.resolve(), args.work.resolve()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
+    if args.profile != "paper":                     # a rehearsal's records stay out of the committed store
+        records.RECORDS = work / "records"
     call = Call(out, work, args.store.resolve(), campaign.seconds(args.budget), args.profile, overrides, args.dry_run)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
     call.say(f"gpu call '{args.call}' on {device}, {args.budget} budget: {', '.join(CALLS[args.call])}")
