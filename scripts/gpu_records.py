@@ -63,6 +63,9 @@ def cifar10(name: str, profile: str) -> list[jobs.Job]:
 
 
 class Call:
+    """One device call: its deadline, where its archives and logs go, the store its runs train in, and its steps
+    (the methods named as in ``CALLS``)."""
+
     def __init__(self, out: Path, work: Path, store_dir: Path, budget_s: float, profile: str, overrides: list[str],
                  dry_run: bool):
         self.out, self.work, self.store, self.profile, self.overrides, self.dry_run = \
