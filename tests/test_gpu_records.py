@@ -99,3 +99,38 @@ def test_each_call_says_what_it_would_train_and_hands_back_its_logs(tmp_path, ca
         if name == "first":
             cell = jobs.key(tuple(main_job.GPU))
             assert f"main-job: {REPO / 'scripts' / 'main_job.py'} {tmp_path / 'store' / cell}\n" in said
+
+
+SAVES_SLOWLY = """
+import signal, sys, time
+def stop(*_):
+    time.sleep(1.0)                      # a checkpoint that takes a while to write
+    open(sys.argv[1], "w").write("saved")
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+print("training", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_ctrl_c_to_make_run_lets_its_run_save_its_checkpoint(tmp_path):
+    """A Ctrl-C reaches the main job and its run alike (a terminal's process group, or a device call's deadline):
+    the main job waits for the run to save and stop, and exits with its code (subprocess.call killed the run
+    0.25 s after the Ctrl-C)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "run.py").write_text(SAVES_SLOWLY)
+    driver = (f"import sys; sys.path.insert(0, {str(REPO / 'scripts')!r}); import main_job, subprocess\n"
+              "popen = subprocess.Popen\n"
+              f"main_job.subprocess.Popen = lambda cmd, **kw: popen([sys.executable, {str(tmp_path / 'run.py')!r}, "
+              f"{str(tmp_path / 'saved')!r}], **kw)\n"
+              f"sys.exit(main_job.main(main_job.Path({str(tmp_path / 'run')!r}), []))\n")
+    proc = subprocess.Popen([sys.executable, "-c", driver], process_group=0, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("main job:") and proc.stdout.readline() == "training\n"
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=30) == 130 and (tmp_path / "saved").read_text() == "saved"
