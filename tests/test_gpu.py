@@ -134,6 +134,22 @@ def test_a_run_resumes_on_cuda_from_a_checkpoint_written_on_either_device(first,
         pd.testing.assert_frame_equal(m, alone, rtol=1e-4, check_exact=False)
 
 
+def test_a_paper_profile_run_stopped_on_cuda_resumes_to_the_same_bits(tmp_path, data_root):
+    """The paper profile's kind of run (NORMEC: ResNet20 with BatchNorm on CIFAR-10, a round one pass, bf16, the
+    clients stacked, the pass captured) stopped after two passes with a checkpoint, as a device call's budget
+    stops it, and resumed on CUDA (as the next call continues it) ends as the run made whole: every metric and
+    parameter bit, with deterministic algorithms."""
+    from normfl.run import run
+
+    paper = ("algo=normec", "model=resnet20", "dataset=cifar10", "dataset.train_limit=320", "dataset.test_limit=100",
+             "clients=2", "batch_size=16", "reading=pass", "rounds=4", "eval_every=1", "precision=bf16",
+             "backend=stacked", "deterministic=true", "save_params=true")
+    run(config(data_root, *paper, "device=cuda"), tmp_path / "whole")
+    m, p = _partial_then_resume(data_root, tmp_path / "resumed", "cuda", "cuda", *paper, steps=2)
+    pd.testing.assert_frame_equal(m, pd.read_csv(tmp_path / "whole" / "metrics.csv").drop(columns="wall_time"))
+    assert p.tobytes() == np.load(tmp_path / "whole" / "params.npy").tobytes()
+
+
 def test_a_short_run_on_cuda_matches_the_cpu_with_tf32_off(tmp_path, data_root):
     """Issue 29.6 and 31.1: precision=fp32 is full fp32 on CUDA (TF32 off), so a short run ends where the CPU
     run ends, to 1e-4 (both in one memory format: auto differs between the devices)."""
