@@ -127,7 +127,8 @@ class Call:
             done = [j for j in done if (records.RECORDS / j.key / "summary.json").is_file()]
             paths = campaign.archive(done, stopped, self.store, self.out / "main-job-records.tar.gz", log=self.say)
             self.say(f"main-job: archive: {' '.join(p.name for p in paths) or 'none'}")
-        self.main_s = time.time() - t
+        if state in store.FINISHED:                          # what a whole run takes here (not a failed one's time)
+            self.main_s = time.time() - t
 
     def fit(self, name: str, todo: list[jobs.Job]) -> None:
         """Train the first k of NORMEC-type paper runs side by side, k as many as finish in the time left by the
@@ -224,10 +225,11 @@ def main(argv: list[str] | None = None) -> int:
             call.say(f"{step}: not started, the budget is spent")
             continue
         getattr(call, step.replace("-", "_"))()
-    call.say(f"done in {(time.time() - call.t0) / 60:.1f} min; handed back: "
-             + " ".join(p.name for p in sorted(out.iterdir())) + f" {call.logs().name}")
-    if len(list(out.iterdir())) > MAX_FILES:
-        call.say(f"more than {MAX_FILES} files in {out}: a device call hands back {MAX_FILES}; adopt what came")
+    names = [*sorted(p.name for p in out.iterdir()), "logs.tar.gz"]
+    call.say(f"done in {(time.time() - call.t0) / 60:.1f} min; handed back: {' '.join(names)}")
+    if len(names) > MAX_FILES:
+        call.say(f"{len(names)} files in {out}: a device call hands back {MAX_FILES}; adopt what came")
+    call.logs()
     return 0
 
 

@@ -96,6 +96,7 @@ def test_each_call_says_what_it_would_train_and_hands_back_its_logs(tmp_path, ca
         with tarfile.open(out / "logs.tar.gz") as tar:
             summary = tar.extractfile("summary.txt").read().decode()
         assert summary.splitlines()[0].startswith(f"gpu call '{name}'") and not (tmp_path / "store").exists()
+        assert summary.splitlines()[-1].endswith("; handed back: logs.tar.gz")
         if name == "first":
             cell = jobs.key(tuple(main_job.GPU))
             assert f"main-job: {REPO / 'scripts' / 'main_job.py'} {tmp_path / 'store' / cell}\n" in said
