@@ -47,6 +47,25 @@ def test_runs_that_differ_in_scalars_step_as_one_and_equal_the_runs_alone(grid, 
                         rtol=1e-3 if grid == "resnet20" else 1e-4)
 
 
+@pytest.mark.parametrize("case", [["algo=fed_normec", "algo.memory_update=participants_only"],
+                                  ["algo=fed_normec", "algo.local_steps=2"],
+                                  ["algo=fedavg", "algo.local_operator=ig", "algo.ig_batch_size=50"]])
+def test_runs_a_group_cannot_step_train_apart_and_equal_the_runs_alone(case, tmp_path, data_root, monkeypatch):
+    """Runs whose round the group's does not take (only participants updating their memories, more than one local
+    step, an incremental-gradient operator) declare no scalars: given together they train apart, each as alone."""
+    made = []
+    monkeypatch.setattr(vectorized.Group, "__init__", lambda self, members, real=vectorized.Group.__init__:
+                        (made.append(len(members)), real(self, members))[1])
+    grid = [[*case, "p=0.5", "algo.beta=0.1", "rounds=4"], [*case, "p=0.5", "algo.beta=0.5", "rounds=4"]]
+    jobs = [(config(data_root, "backend=stacked", *o), tmp_path / "together" / str(i)) for i, o in enumerate(grid)]
+    for _, d in jobs:
+        d.mkdir(parents=True)
+    assert [s["status"] for s in train_together(jobs)] == ["completed"] * 2 and made == []
+    for i, overrides in enumerate(grid):
+        run(config(data_root, "backend=stacked", *overrides), tmp_path / "alone" / str(i))
+        assert_same_run(tmp_path / "alone" / str(i), tmp_path / "together" / str(i), rtol=1e-6)
+
+
 def test_a_run_that_diverges_leaves_the_group_and_the_others_go_on(tmp_path, data_root):
     grid = [["algo=normec", "algo.beta=0.1"], ["algo=normec", "algo.gamma=1e38", "algo.server_norm=false"],
             ["algo=normec", "algo.beta=1.0", "algo.gamma=0.01"]]
