@@ -136,7 +136,7 @@ def test_a_run_resumes_on_cuda_from_a_checkpoint_written_on_either_device(first,
 
 def test_a_paper_profile_run_stopped_on_cuda_resumes_to_the_same_bits(tmp_path, data_root):
     """The paper profile's kind of run (NORMEC: ResNet20 with BatchNorm on CIFAR-10, a round one pass, bf16, the
-    clients stacked, the pass captured) stopped after two passes with a checkpoint, as a device call's budget
+    clients stacked, capture=auto) stopped after two passes with a checkpoint, as a device call's budget
     stops it, and resumed on CUDA (as the next call continues it) ends as the run made whole: every metric and
     parameter bit, with deterministic algorithms."""
     from normfl.run import run
