@@ -12,7 +12,8 @@ their value per device-minute:
   cell under the paper profile, which becomes its record), then as many of NORMEC-T2's other best cells (the γ
   the paper prints for each β, with and without SN) as the time left fits side by side;
 - ``second``: the GPU tests and the bench of settings B-D (``scripts/gpu_check.py --parts tests bench-bcd``),
-  then NFA's CIFAR-10 cells (NORMFEDAVG-T2, T5, T6) side by side in what is left;
+  then NFA's CIFAR-10 cells (NORMFEDAVG-T2, T5, T6): one run while none has been timed on a GPU, then as many as
+  finish side by side by the time of those made;
 - ``later``: the rest of NORMEC-T2, then FEDNORMEC-F1.
 
 A step that finds its records here already is skipped. Runs the budget stops save a checkpoint, archived with
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -130,13 +132,17 @@ class Call:
         if state in store.FINISHED:                          # what a whole run takes here (not a failed one's time)
             self.main_s = time.time() - t
 
-    def fit(self, name: str, todo: list[jobs.Job]) -> None:
-        """Train the first k of NORMEC-type paper runs side by side, k as many as finish in the time left by the
-        main job's time (k runs: 1 + 0.75 (k - 1) of one); runs started and stopped would only bring back
-        checkpoints of 13 MB each."""
+    def fit(self, name: str, todo: list[jobs.Job], each: float | None) -> None:
+        """Train the first k of ``todo`` side by side, k as many as finish in the time left (k runs: 1 + 0.75 (k - 1)
+        of one run's time: its seed siblings' wall time on this kind of device where they have finished, else
+        ``each``; unknown: one run, whose time then sizes the next call). Runs started and stopped would only bring
+        back checkpoints (13 MB a ResNet20 α-NormEC run), and a call hands back 8 files."""
+        known = campaign.expected(todo, self.store, "cuda" if torch.cuda.is_available() else "cpu")
         todo = self.missing(todo)
+        known = [known[job.key] for job in todo if job.key in known]
+        each = statistics.median(known) if known else each
         k = 1
-        while k < len(todo) and self.each() * (1 + SIDE_BY_SIDE * k) <= self.left():
+        while each and k < len(todo) and each * (1 + SIDE_BY_SIDE * k) <= self.left():
             k += 1
         self.campaign(name, todo[:k], stack=k)
 
@@ -153,7 +159,7 @@ class Call:
         return next(job for job in jobs.jobs("normec_t2", "paper") if job.key == key)
 
     def t2_best(self) -> None:
-        self.fit("t2-best", [job for job in best_cells(self.profile) if job.key != self.cell().key])
+        self.fit("t2-best", [job for job in best_cells(self.profile) if job.key != self.cell().key], self.each())
 
     def gpu_check(self) -> None:
         cmd = [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--out", str(self.work / "gpu-check"),
@@ -168,14 +174,16 @@ class Call:
         self.say(f"gpu-check: exit {code}; report in logs.tar.gz (gpu-check/report.md)")
 
     def nfa_cifar10(self) -> None:
+        """NFA's CIFAR-10 cells, seed by seed (runs of one seed share data and can step side by side); no NFA
+        CIFAR-10 run has been timed on a GPU, so the first call trains one."""
         todo = [j for name in ("normfedavg_t2", "normfedavg_t5", "normfedavg_t6") for j in cifar10(name, self.profile)]
-        self.campaign("nfa-cifar10", todo, stack=store.default_stack())
+        self.fit("nfa-cifar10", sorted(todo, key=lambda job: job.cfg.seed), None)
 
     def t2_rest(self) -> None:
-        self.fit("t2-rest", jobs.jobs("normec_t2", self.profile))
+        self.fit("t2-rest", jobs.jobs("normec_t2", self.profile), self.each())
 
     def fednormec_f1(self) -> None:
-        self.fit("fednormec-f1", jobs.jobs("fednormec_f1", self.profile))
+        self.fit("fednormec-f1", jobs.jobs("fednormec_f1", self.profile), self.each())
 
     def logs(self) -> Path:
         """Every step's output and reports (not checkpoints or run folders' large files) as OUT/logs.tar.gz."""

@@ -9,6 +9,7 @@ import json
 import shutil
 import tarfile
 
+import torch
 from omegaconf import OmegaConf
 
 from normfl.config import config_key
@@ -135,3 +136,23 @@ def test_a_ctrl_c_to_make_run_lets_its_run_save_its_checkpoint(tmp_path):
     time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=30) == 130 and (tmp_path / "saved").read_text() == "saved"
+
+
+def test_nfa_cells_start_with_one_run_then_as_many_as_their_timed_siblings_allow(tmp_path, monkeypatch):
+    """No NFA CIFAR-10 run timed on this kind of device: one run (its time sizes the next call). Once a run has
+    finished, its seed siblings' wall time sizes the rest (60 s and 200 s left: 4 side by side), seed by seed."""
+    call = gr.Call(tmp_path / "out", tmp_path / "work", tmp_path / "store", 600, "paper", [], dry_run=True)
+    given = []
+    monkeypatch.setattr(call, "campaign", lambda name, todo, stack: given.append((name, todo, stack)))
+    monkeypatch.setattr(call, "left", lambda: 200.0)
+    call.nfa_cifar10()
+    name, todo, stack = given.pop()
+    assert name == "nfa-cifar10" and stack == len(todo) == 1 and todo[0].cfg.seed == 0
+    done = todo[0].dir(call.store)
+    done.mkdir(parents=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"                     # made on this kind of device
+    (done / "summary.json").write_text(json.dumps({"status": "completed", "wall_time_s": 60.0, "device": device}))
+    call.nfa_cifar10()
+    name, todo, stack = given.pop()
+    assert stack == len(todo) == 4 and done.name not in {job.key for job in todo}
+    assert {job.cfg.seed for job in todo} == {0}
