@@ -147,7 +147,7 @@ class Call:
         self.campaign(name, todo[:k], stack=k)
 
     def each(self) -> float:
-        """One NORMEC paper run's seconds here: the main job's, this call's or its record's, else MAIN_JOB_S."""
+        """One NORMEC paper run's seconds here: this call's main job's, else its record's, else MAIN_JOB_S."""
         if getattr(self, "main_s", None):
             return self.main_s
         summary = records.RECORDS / self.cell().key / "summary.json"
