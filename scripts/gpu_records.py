@@ -42,7 +42,6 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 import main_job as make_run  # noqa: E402  (the main job: `make run`)
 
 from normfl.reproduce import campaign, jobs, records, store  # noqa: E402
-from normfl.reproduce.paper import paper_value, param_label  # noqa: E402
 
 CALLS = {"first": ("main-job", "t2-best"), "second": ("gpu-check", "nfa-cifar10"), "later": ("t2-rest", "fednormec-f1")}
 MAIN_JOB_S = 180          # a NORMEC paper run's seconds before one has run here: 300 passes at 4.07 ms a step (H200)
@@ -52,12 +51,8 @@ MAX_FILES = 8             # what a device call hands back
 
 def best_cells(profile: str) -> list[jobs.Job]:
     """NORMEC-T2's cells the paper prints (per block and β, the γ it found best), in the grid's order."""
-    def printed(job: jobs.Job) -> bool:
-        block = "normec_sn" if job.cfg.algo.server_norm else "normec_no_sn"
-        gamma = paper_value("NORMEC-T2", block=block, row=param_label("beta", float(job.cfg.algo.beta)),
-                            column="gamma", default=None)
-        return gamma == job.cfg.algo.gamma
-    return [job for job in jobs.jobs("normec_t2", profile) if printed(job)]
+    return [job for job in jobs.jobs("normec_t2", profile)
+            if make_run.printed(job.cfg.algo, "gamma") == job.cfg.algo.gamma]
 
 
 def cifar10(name: str, profile: str) -> list[jobs.Job]:

@@ -45,13 +45,16 @@ def table2(cfg) -> float | None:
             and cfg.dataset._target_ == "normfl.data.load_cifar10" and cfg.dataset.split == "holdout"
             and not cfg.dataset.train_limit and not cfg.dataset.test_limit and cfg.clients == 10
             and cfg.batch_size == 32 and cfg.seed == 42)
-    if not cell:
+    if not cell or printed(a, "gamma") != a.gamma:
         return None
-    block = "normec_sn" if a.server_norm else "normec_no_sn"
-    row = param_label("beta", float(a.beta))
-    if paper_value("NORMEC-T2", block=block, row=row, column="gamma", default=None) != a.gamma:
-        return None
-    return paper_value("NORMEC-T2", block=block, row=row, column="final_accuracy", default=None)
+    return printed(a, "final_accuracy")
+
+
+def printed(algo, column: str) -> float | None:
+    """What NORMEC Table 2 prints in ``column`` (``gamma``: the best γ; ``final_accuracy``) for α-NormEC's block (with
+    or without SN) and β, if it prints that β."""
+    block = "normec_sn" if algo.server_norm else "normec_no_sn"
+    return paper_value("NORMEC-T2", block=block, row=param_label("beta", float(algo.beta)), column=column, default=None)
 
 
 def report(run_dir: Path) -> None:
