@@ -112,11 +112,9 @@ class Call:
         if self.dry_run:
             return
         t = time.time()
-        with store.Stop() as stop, open(self.work / "main-job.txt", "w") as log, \
-                stop.child(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-            for line in _lines(proc, self.deadline):
-                print(line, end="", flush=True)
-                log.write(line)
+        with store.Stop() as stop, open(self.work / "main-job.txt", "w") as log:
+            store.until(stop, cmd, self.deadline, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        print((self.work / "main-job.txt").read_text(), end="", flush=True)
         state = store.status(run_dir)
         self.say(f"main-job: {state if state != 'missing' else 'stopped'} after {(time.time() - t) / 60:.1f} min")
         if run_dir == job.dir(self.store):
@@ -189,19 +187,6 @@ class Call:
                 if f.is_file() and f.suffix in (".txt", ".md", ".csv", ".json", ".yaml"):
                     tar.add(f, arcname=str(f.relative_to(self.work)))
         return path
-
-
-def _lines(proc: subprocess.Popen, deadline: float):
-    """The child's output lines as they come; at the deadline a Ctrl-C (it saves a checkpoint and stops)."""
-    import threading
-
-    timer = threading.Timer(max(0.0, deadline - time.time()), store.interrupt, [proc])
-    timer.start()
-    try:
-        yield from proc.stdout
-        proc.wait()
-    finally:
-        timer.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:

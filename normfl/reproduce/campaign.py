@@ -80,19 +80,12 @@ def train(unit: list[Job], store_dir: Path, deadline: float, threads: int, stop:
     dirs = [job.dir(store_dir) for job in unit]
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
-    stopped = False
     cmd = store.unit_command(unit, dirs, threads)
     with open(dirs[0] / "stdout.txt", "a") as out:
         start = out.tell()
-        with stop.child(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT) as proc:
-            if proc is None:
-                return ["not started"] * len(unit)
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                store.interrupt(proc)
-                proc.wait()
-                stopped = True
+        stopped = store.until(stop, cmd, deadline, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        if stopped is None:
+            return ["not started"] * len(unit)
     if len(dirs) > 1:                                   # the process's output, in each of its runs' folders
         with open(dirs[0] / "stdout.txt") as fh:
             fh.seek(start)

@@ -86,6 +86,22 @@ class Stop:
             signal.signal(s, handler)
 
 
+def until(stop: Stop, cmd: list[str], deadline: float, **kwargs) -> bool | None:
+    """Run ``cmd`` as ``stop``'s child until it ends or ``deadline`` (a ``time.time()``) comes; then a Ctrl-C, so it
+    saves a checkpoint and stops, and wait for it. Whether the deadline stopped it; None when a stop was asked
+    before it could start."""
+    with stop.child(cmd, **kwargs) as proc:
+        if proc is None:
+            return None
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.time()))
+            return False
+        except subprocess.TimeoutExpired:
+            interrupt(proc)
+            proc.wait()
+            return True
+
+
 def interrupt(proc: subprocess.Popen) -> None:
     """A Ctrl-C to a child that ``Stop.popen`` started, and to the processes it started (its process group)."""
     try:
