@@ -13,7 +13,7 @@ from normfl.algorithms import DPFL
 from normfl.config import ConfigError, config_key, validate
 from normfl.data import ArrayDataset, client_test_split, dirichlet, label_histogram, normalize
 from normfl.run.training import eval_subset
-from tests.helpers import REPO, composed, run_dpfl
+from tests.helpers import composed, run_dpfl, script
 
 
 def test_divisor_scales_one_step_by_expected_batch_over_divisor():
@@ -148,12 +148,9 @@ def test_authors_code_run_trains_on_client_splits(tmp_path, data_root):
 def test_every_run_of_make_alidpfl_readings_is_a_valid_config():
     """``scripts/ali_readings.py`` (make alidpfl-readings) runs its settings as override strings: each one
     composes and validates (raw pixels on the experiments' normalised setups were refused once)."""
-    import importlib.util
     import shlex
 
-    spec = importlib.util.spec_from_file_location("ali_readings", REPO / "scripts" / "ali_readings.py")
-    readings = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(readings)
+    readings = script("ali_readings")
     for name, overrides in readings.RUNS.items():
         cfg = composed(*shlex.split(overrides), "budget=e175_r177")
         validate(cfg)

@@ -1,16 +1,13 @@
 """The benchmark suite runs on small versions of its settings (what it measures is not tested here)."""
 
-import importlib.util
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import script
 
 pytestmark = pytest.mark.slow            # every test here trains or times whole runs
 
-SPEC = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-bench = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(bench)
+bench = script("bench")
 
 
 @pytest.mark.parametrize("setting, overrides", [
@@ -75,9 +72,7 @@ def test_gpu_check_report_reads_the_bench_and_the_pass(tmp_path, data_root):
 
     import pandas as pd
 
-    spec = importlib.util.spec_from_file_location("gpu_check", SPEC.origin.replace("bench.py", "gpu_check.py"))
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = script("gpu_check")
     rows = bench.bench("D", [f"data_root={data_root}", "algo.sample_rate=0.01", "clients=4",
                              "dataset.train_limit=4000", "dataset.test_limit=200"], reps=1)
     pd.DataFrame(rows).to_csv(tmp_path / "bench-bcd.csv", index=False)
@@ -104,9 +99,7 @@ def test_gpu_check_report_reads_the_bench_and_the_pass(tmp_path, data_root):
 
 def test_launches_counts_a_rounds_operations(data_root):
     """``scripts/launches.py`` on the CPU: the operations one round launches (its GPU columns need CUDA)."""
-    spec = importlib.util.spec_from_file_location("launches", SPEC.origin.replace("bench.py", "launches.py"))
-    launches = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launches)
+    launches = script("launches")
     row = launches.launches("D", [f"data_root={data_root}", "algo.sample_rate=0.01", "clients=4",
                                   "dataset.train_limit=4000", "dataset.test_limit=200"])
     assert row["setting"] == "D" and row["ops_per_round"] > 0 and "kernels" not in row

@@ -4,7 +4,6 @@ becomes its record. Checked on the CPU, so that no device minute is spent findin
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import tarfile
@@ -15,15 +14,7 @@ from omegaconf import OmegaConf
 from normfl.config import config_key
 from normfl.reproduce import jobs, records
 from normfl.reproduce.paper import paper_value, param_label
-from tests.helpers import REPO
-
-
-def script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from tests.helpers import REPO, script
 
 main_job, gr = script("main_job"), script("gpu_records")
 

@@ -4,19 +4,16 @@ profile screens each reading's whole 300-round run once."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
 import pytest
 
-from tests.helpers import REPO, composed
+from tests.helpers import composed, script
 
 pytestmark = pytest.mark.slow            # every test here trains or times whole runs
 
-SPEC = importlib.util.spec_from_file_location("noise_readings", REPO / "scripts" / "noise_readings.py")
-nr = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(nr)
+nr = script("noise_readings")
 
 LN = math.log(1e5)
 

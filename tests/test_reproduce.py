@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from normfl.config import compose, config_key, validate
 from normfl.errors import ConfigError
 from normfl.reproduce import figures, jobs, records, report, store, targets
-from tests.helpers import REPO
+from tests.helpers import REPO, script
 
 TINY = ["dataset=fashion_mnist", "model=logreg", "clients=3", "rounds=2", "eval_every=1",
         "dataset.train_limit=600", "dataset.test_limit=200"]
@@ -294,11 +294,7 @@ def test_every_kind_draws_from_stored_runs(tmp_path, monkeypatch):
 def test_make_run_ends_with_the_papers_number_and_the_gpu_command(tmp_path, capsys, data_root):
     """scripts/main_job.py, what `make run` prints: the main job's accuracy against NORMEC Table 2's cell
     (α-NormEC with SN, β = γ = 0.1: 85.43%), and no comparison for a setting the paper does not print."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("main_job", REPO / "scripts" / "main_job.py")
-    main_job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(main_job)
+    main_job = script("main_job")
     for name, overrides in (("main", ()), ("other", ("algo.beta=0.5",))):
         d = tmp_path / name
         (d / ".hydra").mkdir(parents=True)

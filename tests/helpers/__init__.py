@@ -1,7 +1,7 @@
 """Test-only parts shared by the test modules, which import them from here (``from tests.helpers import X``) and
 never from one another:
 
-- ``paths``: ``REPO``, ``CONF``, ``OFFLINE`` (the offline copies of the datasets);
+- ``paths``: ``REPO``, ``CONF``, ``OFFLINE`` (the offline copies of the datasets), ``script`` (scripts/<name>.py);
 - ``configs``: ``composed`` (a config as train.py composes it), the small run of the equality tests (``BASE``,
   ``EXTRA``, ``ALGOS``, ``config``), ``MODELS``, ``SCALAR_GRIDS``;
 - ``runs``: ``train`` (``python train.py`` in its own process), ``train_command``, ``trained``, ``ended``;
@@ -16,7 +16,7 @@ from .algorithms import Crasher, ForgetfulMomentum, LateMomentum, Momentum
 from .compare import METRICS, NOT_COMPARED, assert_same_run, outputs, resumed_equals_whole, rows, same
 from .configs import ALGOS, BASE, CIFAR, CIFAR_RESNET20, EXTRA, MODELS, SCALAR_GRIDS, composed, config
 from .models import CPU, flat_model
-from .paths import CONF, OFFLINE, REPO
+from .paths import CONF, OFFLINE, REPO, script
 from .refusals import BAD_INPUT_BASE, disk, npz, refused, train_here
 from .runs import ended, train, train_command, trained
 from .standins import DPSGDClients, Quadratic, run_dpfl
@@ -28,5 +28,5 @@ for _cls in (Crasher, ForgetfulMomentum, LateMomentum, Momentum):
 __all__ = ["ALGOS", "BAD_INPUT_BASE", "BASE", "CIFAR", "CIFAR_RESNET20", "CONF", "CPU", "EXTRA", "METRICS", "MODELS",
            "NOT_COMPARED", "OFFLINE", "REPO", "SCALAR_GRIDS", "Crasher", "DPSGDClients", "ForgetfulMomentum",
            "LateMomentum", "Momentum", "Quadratic", "assert_same_run", "composed", "config", "disk", "ended",
-           "flat_model", "npz", "outputs", "refused", "resumed_equals_whole", "rows", "run_dpfl", "same", "train",
-           "train_command", "train_here", "trained"]
+           "flat_model", "npz", "outputs", "refused", "resumed_equals_whole", "rows", "run_dpfl", "same", "script",
+           "train", "train_command", "train_here", "trained"]
