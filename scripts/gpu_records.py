@@ -128,14 +128,16 @@ class Call:
     def fit(self, name: str, todo: list[jobs.Job], each: float | None) -> None:
         """Train the first k of ``todo`` side by side, k as many as finish in the time left (k runs: 1 + 0.75 (k - 1)
         of one run's time: its seed siblings' wall time on this kind of device where they have finished, else
-        ``each``; unknown: one run, whose time then sizes the next call). Runs started and stopped would only bring
-        back checkpoints (13 MB a ResNet20 α-NormEC run), and a call hands back 8 files."""
+        ``each``; unknown: one run, whose time then sizes the next call), and no more than the files a call hands
+        back can carry if all are stopped: runs stopped bring back only checkpoints (13 MB a ResNet20 α-NormEC run,
+        a file each)."""
         known = campaign.expected(todo, self.store, "cuda" if torch.cuda.is_available() else "cpu")
         todo = self.missing(todo)
         known = [known[job.key] for job in todo if job.key in known]
         each = statistics.median(known) if known else each
-        k = 1
-        while each and k < len(todo) and each * (1 + SIDE_BY_SIDE * k) <= self.left():
+        room = MAX_FILES - 1 - len(list(self.out.iterdir())) if self.out.is_dir() else MAX_FILES - 1
+        k = 1                                             # (a stopped run's checkpoint is a file of its own; 1: logs)
+        while each and k < min(len(todo), room) and each * (1 + SIDE_BY_SIDE * k) <= self.left():
             k += 1
         self.campaign(name, todo[:k], stack=k)
 

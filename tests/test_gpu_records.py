@@ -60,7 +60,8 @@ def test_the_best_cells_are_the_eight_the_paper_prints_in_the_paper_profile():
 
 def test_runs_side_by_side_are_as_many_as_finish_in_the_time_left(tmp_path, monkeypatch):
     """k runs side by side take 1 + 0.75 (k - 1) of one run's time: the step takes the first k that fit (at least
-    one), never the main job's cell again, and hands the campaign exactly those, k at a time."""
+    one, and no more than the files a call hands back could carry stopped), never the main job's cell again, and
+    hands the campaign exactly those, k at a time."""
     call = gr.Call(tmp_path / "out", tmp_path / "work", tmp_path / "store", 600, "paper", [], dry_run=True)
     given = []
     monkeypatch.setattr(call, "campaign", lambda name, todo, stack: given.append((name, todo, stack)))
@@ -72,6 +73,11 @@ def test_runs_side_by_side_are_as_many_as_finish_in_the_time_left(tmp_path, monk
         name, todo, stack = given.pop()
         assert name == "t2-best" and stack == k == len(todo), (left, k, stack)
         assert [job.key for job in todo] == others[:k] and call.cell().key not in others
+    call.out.mkdir()                                     # 5 files handed back already: room for 2 runs (and the logs)
+    for i in range(5):
+        (call.out / f"part-{i}.tar.gz").touch()
+    call.t2_best()
+    assert given.pop()[2] == 2
 
 
 def test_each_call_says_what_it_would_train_and_hands_back_its_logs(tmp_path, capsys):
