@@ -19,9 +19,10 @@ their value per device-minute:
 A step that finds its records here already is skipped. Runs the budget stops save a checkpoint, archived with
 the records (``campaign.archive``: parts of at most 16 MiB). Writes into OUT ``<step>-records.tar.gz`` (and its
 ``-2``, ``-3`` parts), one per step that trained, and ``logs.tar.gz`` (every step's output and reports); prints
-what each step did. ``--profile quick`` rehearses a call on a CPU (the campaign steps take that profile's runs;
-the main job takes the overrides given after the options; its records go to the work folder, not the
-committed store).
+what each step did. A Ctrl-C or SIGTERM stops the call in the step under way (its runs save and are archived;
+no later step starts; the logs are still written; exit 130). ``--profile quick`` rehearses a call on a CPU (the
+campaign steps take that profile's runs; the main job takes the overrides given after the options; its records
+go to the work folder, not the committed store).
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ class Call:
             self.say(f"main-job: archive: {' '.join(p.name for p in paths) or 'none'}")
         if state in store.FINISHED:                          # what a whole run takes here (not a failed one's time)
             self.main_s = time.time() - t
+        if stop.count:                                       # Ctrl-C or SIGTERM: the call stops here, as a campaign
+            raise KeyboardInterrupt
 
     def fit(self, name: str, todo: list[jobs.Job], each: float | None) -> None:
         """Train the first k of ``todo`` side by side, k as many as finish in the time left (k runs: 1 + 0.75 (k - 1)
@@ -210,17 +213,22 @@ def main(argv: list[str] | None = None) -> int:
     call = Call(out, work, args.store.resolve(), campaign.seconds(args.budget), args.profile, overrides, args.dry_run)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
     call.say(f"gpu call '{args.call}' on {device}, {args.budget} budget: {', '.join(CALLS[args.call])}")
+    signalled = False
     for step in CALLS[args.call]:
-        if call.left() <= 0 and not args.dry_run:
-            call.say(f"{step}: not started, the budget is spent")
+        if signalled or (call.left() <= 0 and not args.dry_run):
+            call.say(f"{step}: not started, " + ("a signal stopped the call" if signalled else "the budget is spent"))
             continue
-        getattr(call, step.replace("-", "_"))()
+        try:
+            getattr(call, step.replace("-", "_"))()
+        except KeyboardInterrupt:                    # Ctrl-C or SIGTERM: its runs saved and were archived
+            signalled = True
+            call.say(f"{step}: stopped by a signal")
     names = [*sorted(p.name for p in out.iterdir()), "logs.tar.gz"]
     call.say(f"done in {(time.time() - call.t0) / 60:.1f} min; handed back: {' '.join(names)}")
     if len(names) > MAX_FILES:
         call.say(f"{len(names)} files in {out}: a device call hands back {MAX_FILES}; adopt what came")
     call.logs()
-    return 0
+    return 130 if signalled else 0
 
 
 if __name__ == "__main__":

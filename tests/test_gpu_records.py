@@ -153,3 +153,24 @@ def test_nfa_cells_start_with_one_run_then_as_many_as_their_timed_siblings_allow
     name, todo, stack = given.pop()
     assert stack == len(todo) == 4 and done.name not in {job.key for job in todo}
     assert {job.cfg.seed for job in todo} == {0}
+
+
+def test_a_signal_stops_the_call_after_its_step_and_still_hands_back_the_logs(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C or SIGTERM (a scheduler's, a device's time limit) during the main job: its run saves, the later
+    steps do not start, and OUT still gets logs.tar.gz; the call exits 130."""
+    import signal
+
+    def signalled(stop, cmd, deadline, **kwargs):
+        stop._handle(signal.SIGTERM, None)           # as the signal would, while the child trains
+        return False
+
+    monkeypatch.setattr(gr.store, "until", signalled)
+    started = []
+    monkeypatch.setattr(gr.Call, "t2_best", lambda self: started.append("t2-best"))
+    out = tmp_path / "out"
+    assert gr.main([str(out), "--call", "first", "--store", str(tmp_path / "store"), "--work", str(tmp_path / "work"),
+                    "rounds=1"]) == 130
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        summary = tar.extractfile("summary.txt").read().decode().splitlines()
+    assert "main-job: stopped by a signal" in summary and "t2-best: not started, a signal stopped the call" in summary
+    assert not started and sorted(p.name for p in out.iterdir()) == ["logs.tar.gz"]
