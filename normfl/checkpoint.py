@@ -22,13 +22,14 @@ NAME = "checkpoint.pt"
 def snapshot(run, wall_time_s: float) -> dict:
     """Everything a ``Training`` needs to go on from the step it has just taken: the model, the records,
     the algorithm's ``state``, the clients' batch streams, the model's buffers, the backend chosen, and the
-    steps of a round under way (its losses and uploads so far: Ctrl-C may stop a pass part-way). Tensors are
-    copies: a vectorized run's x and state are views of its group's."""
+    steps of a round under way (its losses and uploads so far: Ctrl-C may stop a pass part-way), and the W&B run
+    it continues (``logger=wandb``). Tensors are copies: a vectorized run's x and state are views of its group's."""
     return {"x": run.x.clone(), "sent": run.sent, "rows": run.rec.rows, "algo": run.algo.state_dict(),
             "data": run.clients.data.state_dict(), "buffers": run.setup.flat.buffers(),
             "backend": run.clients.engine.backend, "wall_time_s": wall_time_s,
             "step": run.step, "losses": [float(v) for v in run.losses], "uploads": run.uploads,
-            "audit": None if run.audit is None else (run.audit.scores, run.audit.steps)}
+            "audit": None if run.audit is None else (run.audit.scores, run.audit.steps),
+            "wandb_id": run.rec.wandb_id}
 
 
 def restore(run, state: dict) -> None:

@@ -63,10 +63,13 @@ def wandb_group(given: str | None, names: dict) -> str | None:
 class Recorder:
     """Collects per-round rows; ``flush`` rewrites ``metrics.csv`` atomically. With ``logger=wandb`` also a W&B
     run of its own (``reinit="create_new"``: runs side by side in one process each keep theirs), named and grouped
-    by ``names`` (``name``, ``group``: the run's defaults) unless ``logger.group`` is set."""
+    by ``names`` (``name``, ``group``: the run's defaults) unless ``logger.group`` is set. ``wandb_id``: the W&B
+    run a resumed run continues (its checkpoint keeps it): online the same W&B run goes on; offline each start
+    writes a part with that id, which ``wandb sync`` uploads in the order they started, as one run."""
 
-    def __init__(self, out_dir: Path, logger_cfg=None, config: dict | None = None, names: dict | None = None):
-        self.out_dir, self.rows = Path(out_dir), []
+    def __init__(self, out_dir: Path, logger_cfg=None, config: dict | None = None, names: dict | None = None,
+                 wandb_id: str | None = None):
+        self.out_dir, self.rows, self.wandb_id = Path(out_dir), [], wandb_id
         self.wandb = None
         if logger_cfg is not None and logger_cfg.name == "wandb":
             import wandb
@@ -77,7 +80,8 @@ class Recorder:
                                         entity=logger_cfg.entity, dir=str(self.out_dir), config=config,
                                         name=names.get("name"), group=wandb_group(logger_cfg.get("group"), names),
                                         tags=list(logger_cfg.get("tags") or []) or None, notes=logger_cfg.get("notes"),
-                                        reinit="create_new")
+                                        reinit="create_new", id=wandb_id, resume="allow" if wandb_id else None)
+                self.wandb_id = self.wandb.id
             except wandb.errors.UsageError as err:      # online without a login: refused before the first round
                 raise ConfigError("logger.mode", logger_cfg.mode, f"offline or disabled, or online once logged in "
                                   f"(wandb login, or $WANDB_API_KEY): wandb said {str(err).splitlines()[0]!r}") from err
@@ -120,8 +124,15 @@ class Recorder:
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in info.items() if isinstance(v, (int, float, str))})
             self.wandb.summary.update(epsilon_label(info.get("privacy")))
-            self.wandb.finish()
+        self.close(0)
         return info
+
+    def close(self, exit_code: int) -> None:
+        """End the W&B run now, with ``exit_code`` (W&B marks a non-zero one failed), not at the process's exit: a
+        failed job's would show as running, then finished, while a sweep's next jobs train in the same process."""
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=exit_code)
+            self.wandb = None
 
 
 def epsilon_label(privacy: dict | None) -> dict:

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from normfl.config import config_key
 from normfl.run.sweep import wandb_names
-from tests.helpers import composed, refused, train
+from tests.helpers import composed, config, ended, refused, train, trained
 
 BLOCK, CHUNK_HEADER, FILE_HEADER = 32768, 7, 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
@@ -58,8 +58,13 @@ def offline_run(job_dir) -> dict:
     """The one offline W&B run in a run directory: its run record, config, history rows by step, summary, exit."""
     logs = list(job_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(logs) == 1, logs
+    return offline_log(logs[0])
+
+
+def offline_log(log) -> dict:
+    """One offline W&B run's transaction log: its run record, config, history rows by step, summary, exit."""
     run = {"config": {}, "history": {}, "summary": {}, "exit": None}
-    for r in records(logs[0]):
+    for r in records(log):
         kind = r.WhichOneof("record_type")
         if kind == "run":
             run["run"] = r.run
@@ -158,3 +163,45 @@ def test_bad_wandb_values_are_refused_naming_the_key(overrides, expect, tmp_path
 def test_a_wandb_key_under_the_csv_logger_is_refused(tmp_path, data_root):
     """Nothing would read it: refused with the csv logger's keys, as any key nothing reads is."""
     refused(tmp_path, data_root, ["logger.group=grid1"], "logger.group=grid1; allowed: the keys of logger=csv: name")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_goes_on_in_its_wandb_run_and_a_failed_one_ends_failed_at_once(tmp_path, data_root, wandb_env,
+                                                                                    monkeypatch):
+    """A run stopped with a checkpoint and resumed logs its later rounds under the W&B run id of its first start
+    (online the same W&B run goes on; offline the two parts share the id, and ``wandb sync`` uploads them in
+    order as one run), every round once. A run that fails ends its W&B run then, with exit code 1, not at the process's
+    exit (a sweep's next jobs train in the same process meanwhile)."""
+    import time
+
+    from normfl.run import start, training
+
+    for k in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(k)
+    for k, v in wandb_env.items():
+        if k.startswith("WANDB_"):
+            monkeypatch.setenv(k, v)
+    cfg = config(data_root, "logger=wandb", "algo=normec", "rounds=6", "eval_every=1", "checkpoint_every=0")
+    run_dir = tmp_path / "run"
+    t = trained(start(cfg, run_dir), until_step=3)
+    t.save()                                          # a Ctrl-C's checkpoint, then the process ends:
+    t.rec.close(130)
+    t.rundir.release()
+    time.sleep(1.1)                                   # (a part's folder is named by the second it starts in)
+    ended(trained(start(cfg, run_dir)))
+    parts = [offline_log(log) for log in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))]
+    assert len(parts) == 2 and parts[0]["run"].run_id == parts[1]["run"].run_id
+    assert sorted(parts[0]["history"]) == [0, 1, 2, 3] and sorted(parts[1]["history"]) == [4, 5, 6]
+    assert parts[1]["exit"].exit_code == 0 and parts[1]["summary"]["status"] == "completed"
+
+    def failing(algo, clients):
+        def round_(*args):
+            raise RuntimeError("a round that fails")
+        return round_
+
+    monkeypatch.setattr(training, "round_of", failing)
+    with pytest.raises(RuntimeError, match="a round that fails"):
+        training.run(cfg, tmp_path / "failed")
+    failed = offline_run(tmp_path / "failed")
+    assert failed["exit"] is not None and failed["exit"].exit_code == 1
+    assert failed["run"].run_id != parts[0]["run"].run_id

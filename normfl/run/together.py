@@ -126,4 +126,5 @@ def _failed(t: Training, err: Exception) -> None:
         return
     t.status, t.active, t.error = "failed", False, repr(err)
     t.bar.close()
+    t.rec.close(1)
     record_failure(t.out_dir, t.out_dir.name, err, t.key)

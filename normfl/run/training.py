@@ -58,7 +58,7 @@ class Training:
         (self.out_dir / "partition.csv").write_text(
             label_histogram_csv(setup.parts, setup.ds.y_train.numpy(), setup.ds.num_classes))
         self.rec = Recorder(self.out_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
-                            wandb_names(rundir.hydra_cfg))
+                            wandb_names(rundir.hydra_cfg), (state or {}).get("wandb_id"))
         self.bits = self.algo.bits_per_coord or 8 * self.x.element_size()
         self.upload_bytes = flat.dim * self.bits / 8
         if state:                                            # continue where the checkpoint left off
@@ -270,6 +270,9 @@ def run(cfg: DictConfig, out_dir: Path, stop_asked=None, **kw) -> dict:
                         raise
                 ctrl_c.stop_if_asked([t])
         return t.finish()
+    except Exception:
+        t.rec.close(1)                           # failed: W&B says so now (a stop's run goes on when resumed)
+        raise
     finally:
         t.rundir.release()
 
