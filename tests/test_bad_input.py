@@ -290,3 +290,21 @@ def test_a_calibrated_run_never_spends_more_than_asked(accountant, tmp_path, dat
                       "privacy.epsilon=1")[0] == 0
     privacy = json.loads((d / "summary.json").read_text())["privacy"]
     assert privacy["target_epsilon"] == 1 and 0.99 < privacy[f"epsilon_{accountant}"] <= 1
+
+
+def test_the_private_algorithms_a_refusal_names_are_those_whose_runs_add_noise():
+    """A privacy key refused for a run without noise names the private algorithms: read from what each algorithm
+    option's runs do (``private``), so an option added, or its noise switched, is named or dropped with it; an
+    option private only with its switch is named with it, unless another option of its class adds noise as it
+    is (clip21's is dp_clip21)."""
+    from normfl.config.privacy_rules import private, private_algos
+    from tests.helpers import composed
+
+    named = dict(item.partition(" with ")[::2] for item in private_algos().split(", "))
+    options = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
+    noisy = {name for name in options if private(composed(f"algo={name}"))}
+    assert set(named) - noisy == {name for name, switch in named.items() if switch}
+    assert noisy <= set(named) and named["dpsgd_norm"] == "algo.private=true"
+    for name, switch in named.items():
+        assert private(composed(f"algo={name}", *(["algo.private=true"] if switch else [])))
+    assert "normec" not in named and "clip21" not in named and named["dp_normec"] == ""

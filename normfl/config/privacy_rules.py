@@ -3,10 +3,12 @@ a privacy key the run would not read is refused; which runs a canary audit can c
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import functools
+
+from omegaconf import DictConfig, OmegaConf
 
 from normfl.config.checks import choice, number
-from normfl.config.keys import algorithm, get, option_file
+from normfl.config.keys import CONF, algorithm, get, option_file
 from normfl.errors import ConfigError
 from normfl.privacy import ACCOUNTANTS, CALIBRATIONS, K_COUNTS, LOG_BASES, NOISE_ON, RELATIONS
 
@@ -56,8 +58,27 @@ def _validate_calibration(cfg: DictConfig) -> None:
                           "formula (every private run reports the ε that RDP and PLD certify for it either way)")
 
 
-PRIVATE_ALGOS = ("dp_normec, dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm with algo.private=true, dpfl, ali_dpfl, "
-                 "dp_normfedavg, nfa_binomial, nfa_clip_tdl")
+
+
+@functools.cache
+def private_algos() -> str:
+    """normfl's algorithm options that add noise, as their classes declare it (``adds_noise``) of their files; an
+    option whose noise is its ``private`` switch is named with it where no option of its class adds noise as it
+    is (dpsgd_norm with algo.private=true; normec's is dp_normec)."""
+    nodes = {path.stem: option_file("algo", path.stem) for path in sorted((CONF / "algo").glob("*.yaml"))}
+    classes = {name: algorithm(OmegaConf.create({"algo": node})) for name, node in nodes.items()}
+    noisy = {name for name, node in nodes.items() if classes[name].adds_noise(node)}
+    switched = {name for name, node in nodes.items() if name not in noisy and "private" in node
+                and classes[name].adds_noise({**node, "private": True})
+                and not any(nodes[other].get("_target_") == node.get("_target_") for other in noisy)}
+    return ", ".join(name + " with algo.private=true" * (name in switched) for name in nodes
+                     if name in noisy | switched)
+
+
+def no_noise(name: str) -> str:
+    return f"with algo={name}, which adds no noise (the private algorithms: {private_algos()})"
+
+
 FORMULA_KEYS = ("c", "log_base", "sqrt_covers_log", "K_plus_one", "K", "noise_on")   # the papers' noise formula's
 
 
@@ -72,9 +93,9 @@ def _validate_privacy_reads(cfg: DictConfig) -> None:
     amplification where no client is sampled."""
     name = cfg.algo.name
     if not private(cfg):
-        reads, why = (), f"with algo={name}, which adds no noise (the private algorithms: {PRIVATE_ALGOS})"
+        reads, why = (), None                       # (no_noise: read only to refuse)
         if cfg.accountant.name != "paper":
-           raise ConfigError("accountant", cfg.accountant.name, f"paper {why}")
+           raise ConfigError("accountant", cfg.accountant.name, f"paper {no_noise(name)}")
     elif algorithm(cfg).own_noise:
         reads, why = ("epsilon", "delta"), f"with algo={name}, whose mechanism reads privacy.epsilon and delta alone"
     elif cfg.privacy.calibration == "accountant":
@@ -84,7 +105,7 @@ def _validate_privacy_reads(cfg: DictConfig) -> None:
         reads, why = list(cfg.privacy), ""
     for key, default in option_file("privacy", "default").items():
         if key not in reads and get(cfg, f"privacy.{key}", default) != default:
-           raise ConfigError(f"privacy.{key}", cfg.privacy[key], f"{default} {why}")
+           raise ConfigError(f"privacy.{key}", cfg.privacy[key], f"{default} {why or no_noise(name)}")
     if "amplification" in reads and cfg.privacy.amplification and get(cfg, "algo.p") in (None, 1, 1.0):
         raise ConfigError("privacy.amplification", True, f"false with algo={name} at p={get(cfg, 'algo.p', 1)}: "
                           "amplification by sampling needs clients sampled, p < 1")
