@@ -174,7 +174,7 @@ def test_a_resumed_run_goes_on_in_its_wandb_run_and_a_failed_one_ends_failed_at_
     exit (a sweep's next jobs train in the same process meanwhile)."""
     import time
 
-    from normfl.run import start, training
+    from normfl.run import start, together, training
 
     for k in [k for k in os.environ if k.startswith("WANDB_")]:
         monkeypatch.delenv(k)
@@ -202,6 +202,15 @@ def test_a_resumed_run_goes_on_in_its_wandb_run_and_a_failed_one_ends_failed_at_
     monkeypatch.setattr(training, "round_of", failing)
     with pytest.raises(RuntimeError, match="a round that fails"):
         training.run(cfg, tmp_path / "failed")
-    failed = offline_run(tmp_path / "failed")
-    assert failed["exit"] is not None and failed["exit"].exit_code == 1
-    assert failed["run"].run_id != parts[0]["run"].run_id
+    started = together.start                          # and a run of a sweep trained side by side (one process)
+
+    def failing_beside(*args, **kw):
+        t = started(*args, **kw)
+        t.algo.round = failing(None, None)
+        return t
+
+    monkeypatch.setattr(together, "start", failing_beside)
+    assert together.train_together([(cfg, tmp_path / "failed beside")])[0]["status"] == "failed"
+    for failed in (offline_run(tmp_path / "failed"), offline_run(tmp_path / "failed beside")):
+        assert failed["exit"] is not None and failed["exit"].exit_code == 1
+        assert failed["run"].run_id != parts[0]["run"].run_id
