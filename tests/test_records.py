@@ -352,3 +352,17 @@ def test_a_record_folder_without_its_summary_is_refused_not_recursed_into(tmp_pa
     with pytest.raises(records.RecordError, match="holds no summary.json"):
         records.pack(source)
     assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [source.name]   # nothing else left there
+
+
+def test_a_record_is_trained_again_in_the_memory_layout_it_was_made_with():
+    """memory_format came after 108 of the records, which laid their convolutions' activations out as the model
+    made them; its default, auto, lays them channels-last on a CPU, which rounds differently (dpfl-f7a73795a444
+    came out 0.02 pt apart that way, identical in its own layout). A record made since keeps its own; another key
+    added since takes its default."""
+    from normfl.config.keys import root
+
+    made = OmegaConf.create(OmegaConf.to_container(jobs.compose(          # as a record's config.yaml is read
+        ("algo=dpfl", "model=cnn", "memory_format=channels_last", "capture=off"))))
+    older = OmegaConf.create({k: v for k, v in made.items() if k not in ("memory_format", "capture")})
+    assert verify.today(made).memory_format == "channels_last" and verify.today(made).capture == "off"
+    assert verify.today(older).memory_format == "contiguous" and verify.today(older).capture == root().capture

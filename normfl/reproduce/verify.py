@@ -44,13 +44,19 @@ def record_dirs(names: list[str], profile: str) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
+# What a record made before a key existed ran, where the key's default now does otherwise: activations laid out as
+# the model made them (memory_format=auto is channels-last for a CPU's convolutions, which rounds differently)
+BEFORE = {"memory_format": "contiguous"}
+
+
 def today(recorded: DictConfig) -> DictConfig:
-    """A record's config with the top-level keys added to conf/config.yaml since it was made, at their defaults:
-    what does not change a run's key (``memory_format``, ``capture``) or leaves it as it was (KEY_DEFAULTS)."""
+    """A record's config with the top-level keys added to conf/config.yaml since it was made: what does not change
+    a run's key (``memory_format``, ``capture``) or leaves it as it was (KEY_DEFAULTS), at what the record ran
+    (``BEFORE``), else at their defaults."""
     cfg = recorded.copy()
     for key, value in root().items():
         if key not in ("defaults", "hydra") and key not in cfg and not isinstance(value, DictConfig):
-            cfg[key] = value
+            cfg[key] = BEFORE.get(key, value)
     return cfg
 
 
