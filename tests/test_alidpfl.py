@@ -183,8 +183,8 @@ def test_wandb_names_the_epsilon_a_claim_or_a_certificate(tmp_path):
         def log(self, *a, **k):
             pass
 
-        def finish(self):
-            pass
+        def finish(self, exit_code=0):
+            self.exit_code = exit_code
 
     block = {"epsilon_pld": 1.005, "epsilon_rdp": 1.2, "target_epsilon": 2}
     why = ["ALI-DPFL chooses each round's τ from estimates computed on the clients' data without noise"]
@@ -192,11 +192,11 @@ def test_wandb_names_the_epsilon_a_claim_or_a_certificate(tmp_path):
     for privacy, want in ((block, {"epsilon_certified": 1.005}), ({**block, "not_certified": why}, claimed),
                           (None, {})):
         rec = Recorder(tmp_path)
-        rec.wandb = Run()
+        run = rec.wandb = Run()
         rec.add({"round": 0, "test_acc": 0.5, "test_loss": 1.0})
         rec.summary({"status": "completed", "privacy": privacy})
-        got = {k: v for k, v in rec.wandb.summary.items() if k.startswith("epsilon")}
-        assert got == want
+        got = {k: v for k, v in run.summary.items() if k.startswith("epsilon")}
+        assert got == want and run.exit_code == 0
 
 
 @pytest.mark.parametrize("algo, shown", [("ali_dpfl", False), ("dp_normec", False), ("normec", True)])

@@ -58,8 +58,6 @@ def _validate_calibration(cfg: DictConfig) -> None:
                           "formula (every private run reports the ε that RDP and PLD certify for it either way)")
 
 
-
-
 @functools.cache
 def private_algos() -> str:
     """normfl's algorithm options that add noise, as their classes declare it (``adds_noise``) of their files; an
@@ -76,6 +74,7 @@ def private_algos() -> str:
 
 
 def no_noise(name: str) -> str:
+    """Why a privacy key is refused in a run of ``name`` that adds no noise."""
     return f"with algo={name}, which adds no noise (the private algorithms: {private_algos()})"
 
 
