@@ -104,7 +104,7 @@ def _validate_privacy_reads(cfg: DictConfig) -> None:
         reads, why = list(cfg.privacy), ""
     for key, default in option_file("privacy", "default").items():
         if key not in reads and get(cfg, f"privacy.{key}", default) != default:
-           raise ConfigError(f"privacy.{key}", cfg.privacy[key], f"{default} {why or no_noise(name)}")
+           raise ConfigError(f"privacy.{key}", cfg.privacy[key], f"{default} {no_noise(name) if why is None else why}")
     if "amplification" in reads and cfg.privacy.amplification and get(cfg, "algo.p") in (None, 1, 1.0):
         raise ConfigError("privacy.amplification", True, f"false with algo={name} at p={get(cfg, 'algo.p', 1)}: "
                           "amplification by sampling needs clients sampled, p < 1")
