@@ -1,6 +1,7 @@
 """The last-five statistic behind NormFedAvg's tables (a summary's ``last5_mean_test_acc``, which the report
 reads back): the mean test accuracy of a run's last five evaluations, checked against the per-round metrics
-it comes from, in a fresh run and in every committed record."""
+it comes from, in a fresh run and in every committed record; and the run's last row, which is the model after
+its last round evaluated, whether or not ``eval_every`` divides the rounds."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 
-from normfl.results import Recorder, last5_mean_test_acc
-from normfl.run import run
+from normfl.results import Recorder, closing_line, last5_mean_test_acc
+from normfl.run import run, train_together
+from normfl.run.setup import build
 from tests.helpers import REPO, composed
+from tests.helpers import config as base_config
 
 COMMITTED = REPO / "outputs" / "records"
 
@@ -113,3 +118,69 @@ def test_every_committed_records_last_five_mean_is_what_its_metrics_give():
         assert last5_mean_test_acc(recorded_rows(rec)) == summary["last5_mean_test_acc"], rec.name
         checked += 1
     assert checked >= 400 or not recs, checked
+
+
+def by_hand(cfg, x: np.ndarray) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) on the run's test split of logistic regression with parameters ``x`` (the
+    weight's rows, then the bias), computed here in float64 from the test data alone, not by the model's
+    ``evaluate``."""
+    s = build(cfg)
+    d, k = s.x_test[0].numel(), s.ds.num_classes
+    W, b = torch.from_numpy(x[:d * k].reshape(k, d)).double(), torch.from_numpy(x[d * k:]).double()
+    logits = s.x_test.flatten(1).double() @ W.T + b
+    y = s.y_test
+    loss = (torch.logsumexp(logits, 1) - logits[torch.arange(len(y)), y]).mean().item()
+    return loss, (logits.argmax(1) == y).double().mean().item()
+
+
+def assert_last_row_is_the_final_model(cfg, run_dir: Path, summary: dict, rounds: int) -> None:
+    """The run's last row is round ``rounds``, evaluated on the model the run ends with (its params.npy, checked
+    against a hand evaluation), and its summary's final accuracy and loss, last-five mean and closing line are
+    that row's."""
+    m = pd.read_csv(run_dir / "metrics.csv")
+    last = m.iloc[-1]
+    assert summary["status"] == "completed" and last["round"] == summary["final_round"] == rounds
+    loss, acc = by_hand(cfg, np.load(run_dir / "params.npy"))
+    assert last["test_loss"] == pytest.approx(loss, rel=1e-5)          # an earlier model's loss is far from it
+    assert abs(last["test_acc"] - acc) <= 1 / 200                       # a near tie may fall either way in fp32
+    assert summary["final_test_acc"] == last["test_acc"] and summary["final_test_loss"] == last["test_loss"]
+    evaluated = m[m["test_acc"].notna()]
+    assert evaluated["round"].iloc[-1] == rounds
+    assert summary["last5_mean_test_acc"] == pytest.approx(evaluated["test_acc"].tail(5).mean(), rel=1e-12)
+    assert f"test accuracy {100 * last['test_acc']:.2f}% final" in closing_line(summary, run_dir)
+
+
+# The suite's base run (3 rounds, evaluated every 2nd) ends between two evaluations; each family, and an algorithm
+# that its budget stops early (fixed-τ DPFL: R_c = 3 DP-SGD steps, 3 rounds of 5)
+LAST_ROUND = {
+    "normec": (["algo=normec"], 3),
+    "normec every 5th": (["algo=normec", "eval_every=5"], 3),
+    "normec, a round a pass": (["algo=normec", "reading=pass", "rounds=2", "eval_every=3"], 2),
+    "dp_fed_normec": (["algo=dp_fed_normec", "p=0.5"], 3),
+    "dpsgd_norm": (["algo=dpsgd_norm"], 3),
+    "normfedavg": (["algo=normfedavg", "algo.local_steps=2"], 3),
+    "dpfl stopped by its budget": (["algo=dpfl", "algo.rc_override=3", "rounds=5"], 3),
+}
+
+
+@pytest.mark.parametrize("case", LAST_ROUND)
+def test_the_last_round_is_evaluated_when_eval_every_does_not_divide_the_rounds(case, tmp_path, data_root):
+    """A run whose rounds are no multiple of ``eval_every`` (or whose budget stops it between evaluations) still
+    evaluates its last round: a change that skips it makes the final accuracy, the last-five mean and the closing
+    line describe an earlier model, which a test comparing two runs that both lose it never sees."""
+    overrides, rounds = LAST_ROUND[case]
+    cfg = base_config(data_root, *overrides)
+    summary = run(cfg, tmp_path / "run")
+    assert_last_row_is_the_final_model(cfg, tmp_path / "run", summary, rounds)
+
+
+def test_runs_side_by_side_each_evaluate_their_last_round(tmp_path, data_root):
+    """Runs trained side by side (one vectorized group here) record their rows through the same path: each run's
+    last round, between two evaluations, is evaluated on that run's own final model."""
+    cfgs = [base_config(data_root, "backend=stacked", "algo=normec", f"algo.beta={b}") for b in (0.1, 1.0)]
+    for i in range(2):
+        (tmp_path / str(i)).mkdir()
+    summaries = train_together([(c, tmp_path / str(i)) for i, c in enumerate(cfgs)])
+    for i, (c, s) in enumerate(zip(cfgs, summaries, strict=True)):
+        assert_last_row_is_the_final_model(c, tmp_path / str(i), s, 3)
+    assert summaries[0]["final_test_loss"] != summaries[1]["final_test_loss"]
