@@ -1,8 +1,9 @@
 """DP-NormFedAvg and its variants (NFA): rounds by hand, the local optimizer, the privatizers as set up
-from the paper's theorems, and config refusals."""
+from the paper's theorems, the ledger at the cohort's own rate, and config refusals."""
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -11,7 +12,8 @@ from normfl.algorithms.local import local_sgd
 from normfl.config import ConfigError, validate
 from normfl.ops import cohort
 from normfl.privacy import Privacy
-from tests.helpers import Quadratic, composed
+from normfl.run import run
+from tests.helpers import Quadratic, composed, config
 
 
 def nfa(**kw):
@@ -143,6 +145,59 @@ def test_scaled_clipping_steps_the_same_and_puts_c_times_the_noise_on_the_model(
     assert torch.allclose(step("none", True), plain, atol=1e-12)                       # the same step
     noise = {scaled: torch.stack([step("qtdl", scaled, k) - plain for k in range(200)]) for scaled in (False, True)}
     assert (noise[True].std() / noise[False].std()).item() == pytest.approx(C, rel=0.2)
+
+
+def theorem2_by_hand(eps0: float, k: int, delta: float, r: int, n: int) -> float:
+    """One client's ε after k (ε_0, ·) messages as NFA Theorem 2's proof composes them, written out here: the smaller of
+    basic (k ε_0) and advanced composition, then, below 1, amplified by sampling r of n (factor min(1, 2r/n))."""
+    basic = k * eps0
+    advanced = eps0 * math.sqrt(2 * k * math.log(1 / delta)) + k * eps0 * math.tanh(eps0 / 2)
+    eps = min(basic, advanced)
+    return eps * min(1.0, 2 * r / n) if eps < 1 else eps
+
+
+# cohorts of r of n clients: r/n from 0.02 to 1, where amplification (2r/n) shrinks ε by up to 25 times, or not at
+# all (r/n >= 1/2: the one rate where a ledger at any rate agrees)
+COHORTS = [(1, 50), (2, 20), (3, 10), (5, 8), (4, 4)]
+
+
+@pytest.mark.parametrize("mechanism", ["qtdl", "binomial"])
+@pytest.mark.parametrize("r, n", COHORTS)
+def test_the_ledger_composes_at_the_cohorts_own_rate(r, n, mechanism):
+    """DP-NormFedAvg's ledger amplifies by its own cohort's r/n: its ε equals Theorem 2's composition written out by
+    hand at that rate, after rounds where basic composition wins, where advanced does, and where the composed ε is
+    above 1 and nothing is amplified. A ledger handed another rate (1, or the rate of another run) is up to n/(2r)
+    times off, which a test at r/n = 1/2 never sees."""
+    algo = nfa(mechanism=mechanism, s=64, cohort_size=r)
+    algo.setup(torch.zeros(20), n, 100, Privacy(epsilon=0.01, delta=1e-5), seed=0)
+    assert algo.p == r / n and algo.privacy_report(1)["sampling_rate"] == r / n
+    for k in (1, 10, 100, 3000):                     # basic, basic, advanced, above 1
+        assert algo.spent(k)["eps_composed"] == pytest.approx(theorem2_by_hand(0.01, k, 1e-5, r, n), rel=1e-12), k
+
+
+@pytest.mark.parametrize("r", [5, 10, 25])
+def test_a_whole_run_target_is_met_at_the_cohorts_own_rate(r):
+    """scope=all_rounds sizes each message by Theorem 2 at r/n, and the ledger composes them at r/n: the run's 500
+    rounds cost its target (0.1, 1e-9) exactly, at r/n = 0.1, 0.2 and 0.5 alike (at a rate other than the cohort's
+    the ledger would report up to 5 times the target)."""
+    algo = NormFedAvg(eta0=0.1, beta=[[0, 1.0]], mechanism="qtdl", s=2 ** 29, scope="all_rounds",
+                      sensitivity="worst_case", cohort_size=r)
+    algo.setup(torch.zeros(1000), 50, 500, Privacy(epsilon=0.1, delta=1e-9), seed=0)
+    assert algo.ledger.composed(500) == (pytest.approx(0.1, rel=1e-6), 1e-9)
+    assert algo.ledger.composed(500)[0] == pytest.approx(theorem2_by_hand(algo.mech.epsilon, 500, 1e-9, r, 50))
+
+
+@pytest.mark.parametrize("clients, cohort", [(8, 1), (4, 1), (4, 3)])
+def test_a_runs_epsilon_column_is_the_composition_at_its_cohorts_rate(clients, cohort, tmp_path, data_root):
+    """A whole DP-NormFedAvg run (per-message ε = 0.01): each row's eps_composed and the summary's ε are the
+    hand-written composition at the run's own r/n (1/8, 1/4, 3/4), and the summary states that rate."""
+    cfg = config(data_root, "algo=dp_normfedavg", "algo.local_steps=1", f"clients={clients}",
+                 f"algo.cohort_size={cohort}", "eval_every=1", "privacy.epsilon=0.01")
+    summary = run(cfg, tmp_path / "run")
+    eps = pd.read_csv(tmp_path / "run" / "metrics.csv")["eps_composed"].tolist()
+    assert eps == pytest.approx([theorem2_by_hand(0.01, k, 1e-5, cohort, clients) for k in range(4)], rel=1e-12)
+    assert summary["privacy"]["epsilon_composed"] == pytest.approx(eps[-1], rel=1e-12)
+    assert summary["privacy"]["sampling_rate"] == cohort / clients
 
 
 NFA = ["experiment=nfa_t4_qtdl"]
