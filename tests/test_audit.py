@@ -280,3 +280,82 @@ def test_the_curve_route_shows_nothing_on_null_scores():
     for seed in range(20):
         got = curve_eps_lower(*never_inserted(2_000, seed), CURVE_THRESHOLDS, sampled_gaussian, DELTA)
         assert got == {"eps_lower_curve": 0.0, "noise_multiplier_upper": None, "threshold": None}
+
+
+# -- one run (Steinke, Nasr and Jagielski 2023): canaries in one run, guesses counted ---------------------------------
+
+def test_the_one_run_bound_at_known_counts_is_the_binomial_tail_and_its_delta_term():
+    """P[W ≥ v] ≤ β + 2mδ·max_i (P[B ≥ v - i] - β)/i, B ~ Binomial(r, e^ε/(1+e^ε)): by hand at r = 4, v = 3."""
+    from scipy.stats import binom
+
+    g = stats.Guesses(2, 4, 3)
+    q = math.exp(1.0) / (1 + math.exp(1.0))
+    tail = lambda v: binom.sf(v - 1, 4, q)                                # noqa: E731  P[B ≥ v]
+    beta = tail(3)
+    step = max((tail(3 - i) - beta) / i for i in (1, 2, 3))
+    assert stats.one_run_p(10, g, 1.0, 0.0)[0] == pytest.approx(beta, rel=1e-12)
+    assert stats.one_run_p(10, g, 1.0, 1e-3)[0] == pytest.approx(beta + 2 * 10 * 1e-3 * step, rel=1e-12)
+    assert stats.one_run_p(10, g, [0.0, 1.0], [0.0, 1e-3])[1] == pytest.approx(beta + 2 * 10 * 1e-3 * step)
+
+
+@pytest.mark.parametrize("r", [10, 100, 1000])
+def test_all_guesses_right_bound_epsilon_at_the_closed_form(r):
+    """δ = 0, r of r right: P = q^r, so the bound is logit(α^(1/r)): 4.39 at r = 100, 6.87 at r = 1,000 (α = 0.05)."""
+    got = stats.one_run_eps_lower(2 * r, stats.Guesses(r // 2, r, r), 0.0, 0.05)
+    q = 0.05 ** (1 / r)
+    assert got == pytest.approx(math.log(q / (1 - q)), abs=1e-5)
+    assert stats.one_run_eps_lower(2 * r, stats.Guesses(r // 2, r, r // 2), 0.0, 0.05) == 0.0   # chance: nothing
+
+
+def test_guesses_are_the_k_highest_in_and_the_k_lowest_out():
+    scores, inside = [5.0, 1.0, 3.0, 0.0, 4.0, 2.0], [True, False, False, False, True, True]
+    assert stats.guessed(scores, inside, 1) == stats.Guesses(1, 2, 2)      # 5.0 in, 0.0 out
+    assert stats.guessed(scores, inside, 2) == stats.Guesses(2, 4, 4)      # 5.0, 4.0 in; 0.0, 1.0 out
+    assert stats.guessed(scores, inside, 3) == stats.Guesses(3, 6, 4)      # 2.0 "out" is wrong, 3.0 "in" is wrong
+    with pytest.raises(ValueError):
+        stats.guessed(scores, inside, 4)
+
+
+def randomized_response(m: int, eps: float, delta: float, seed: int):
+    """m canaries each in w.p. 1/2 and a mechanism exactly (ε, δ)-DP in each: with probability δ it tells the
+    truth outright, else randomized response (the truth w.p. e^ε/(1+e^ε)); the score is what it says."""
+    rng = np.random.default_rng(seed)
+    inside = rng.random(m) < 0.5
+    told = np.where(rng.random(m) < math.exp(eps) / (1 + math.exp(eps)), inside, ~inside)
+    told = np.where(rng.random(m) < delta, inside, told)
+    return told + 1e-3 * rng.random(m), inside                          # ties broken at random
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eps, delta", [(1.0, 0.0), (2.0, 1e-3)])
+def test_the_one_run_bound_refutes_a_true_claim_no_more_often_than_alpha_and_a_false_one_always(eps, delta):
+    """Over 300 runs of a mechanism exactly (ε, δ)-DP, (ε, δ) is refuted in at most 5% (expected: far fewer, the
+    bound is conservative); the claim ε/4 is refuted in most, and the lower bound sits between."""
+    m, fail = 1000, 0.05 / 2
+    refuted = weak = 0
+    for seed in range(300):
+        scores, inside = randomized_response(m, eps, delta, seed)
+        tests = [stats.guessed(scores, inside, k) for k in (100, 400)]
+        lower = max(stats.one_run_eps_lower(m, g, delta, fail) for g in tests)
+        refuted += lower > eps
+        weak += lower > eps / 4
+    assert refuted <= 0.05 * 300 and weak >= 0.9 * 300
+
+
+def test_the_curve_test_is_the_smallest_bound_along_the_curve_and_finds_the_least_private_member():
+    """A claimed curve δ(ε) is refuted where the smallest of the bounds over ε is at most the level; the member
+    reported is the least private refuted, to 1%: all guesses right refute GDP μ ≤ 1.3 here, not μ = 3."""
+    from normfl.privacy.audit.release import gdp_curve
+
+    g = stats.Guesses(200, 400, 400)
+    terms = stats.one_run_terms(1000, g, stats.EPS_GRID)
+    for mu in (0.5, 3.0):
+        by_hand = min(stats.one_run_p(1000, g, e, gdp_delta(mu, e))[0] for e in stats.EPS_GRID)
+        assert stats.one_run_curve(terms, gdp_curve(mu)) == pytest.approx(by_hand, rel=1e-9)
+    got = stats.one_run_curve_lower(1000, [g], lambda z: gdp_curve(1 / z), 0.05, lambda z: 1 / z)
+    mu = got["eps_lower_curve"]                                          # eps_of: the member's μ here
+    assert stats.one_run_curve(terms, gdp_curve(mu)) <= 0.05 < stats.one_run_curve(terms, gdp_curve(mu * 1.02))
+    assert 1.0 < mu < 3.0
+    none = stats.one_run_curve_lower(1000, [stats.Guesses(200, 400, 200)], lambda z: gdp_curve(1 / z), 0.05,
+                                     lambda z: 1 / z)
+    assert none == {"eps_lower_curve": 0.0, "noise_multiplier_upper": None}

@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.stats import binomtest, norm
+from scipy.stats import binom, binomtest, norm
 
 
 def bonferroni(alpha: float, bounds: int) -> float:
@@ -241,3 +241,111 @@ def curve_eps_lower(scores_in: Sequence[float], scores_out: Sequence[float], thr
     return {"eps_lower_curve": float(make_pld(high, False).get_epsilon_for_delta(delta)),
             "noise_multiplier_upper": high,
             "threshold": float(thresholds[int(np.argmax(_violations(fpr_hi, fnr_hi, pld_of(high))))])}
+
+
+# -- one run: canaries included at random, guesses counted (Steinke, Nasr and Jagielski 2023) ----------------
+#
+# Canaries inside one run are not independent trials: they share the model. Steinke, Nasr and Jagielski, "Privacy
+# auditing with one (1) training run" (NeurIPS 2023), need no independence: each of m canaries is included
+# independently with probability 1/2, a guesser reads the run's output and guesses "in" or "out" for r of them (r
+# fixed in advance, abstaining on the rest), and if the run is (ε, δ)-DP in each canary's inclusion, the number W
+# of correct guesses satisfies, for every v,
+#
+#     P[W ≥ v] ≤ β + 2·m·δ·max_{1≤i≤v} (P[B ≥ v - i] - β) / i,    β = P[B ≥ v],   B ~ Binomial(r, e^ε / (1 + e^ε)).
+#
+# A count of correct guesses whose bound falls below α refutes (ε, δ); the largest ε so refuted is a lower bound
+# holding with probability 1 - α whatever the run does with its canaries. A certified trade-off curve claims (ε, δ(ε))
+# for every ε at once, so the smallest of these bounds over ε bounds P[W ≥ v] under that claim: ``one_run_curve``.
+
+
+class Guesses(NamedTuple):
+    """One guessing rule, fixed before the scores are seen: the ``k`` highest scores guessed "in", the ``k`` lowest
+    "out" (``guesses`` = 2k of the m canaries); ``correct`` of them were right."""
+
+    k: int
+    guesses: int
+    correct: int
+
+
+def guessed(scores: Sequence[float], inside: Sequence[bool], k: int) -> Guesses:
+    """The ``k`` highest of ``scores`` guessed "in" and the ``k`` lowest "out" (2k ≤ m), checked against
+    ``inside``."""
+    s, inside = np.asarray(scores, dtype=float), np.asarray(inside, dtype=bool)
+    if not 0 < 2 * k <= len(s):
+        raise ValueError(f"k={k}: 2k guesses must be between 1 and the {len(s)} canaries")
+    order = np.argsort(s, kind="stable")
+    return Guesses(k, 2 * k, int(inside[order[-k:]].sum() + (~inside[order[:k]]).sum()))
+
+
+EPS_GRID = np.arange(0.0, 20.0, 0.02)        # where a claimed curve is tested (a grid only loosens the test)
+
+
+def one_run_terms(m: int, guess: Guesses, eps) -> tuple[np.ndarray, np.ndarray]:
+    """(β, s) at each ε of ``eps`` such that Steinke et al.'s bound on P[W ≥ correct] is min(1, β + δ·s): β =
+    P[B ≥ v] and s = 2m·max_{1≤i≤v} (P[B ≥ v - i] - β) / i, B ~ Binomial(guesses, e^ε/(1+e^ε)), v = correct
+    (summed from the pmf: exact tails)."""
+    eps = np.atleast_1d(np.asarray(eps, dtype=float))
+    q = 1 / (1 + np.exp(-eps))
+    pmf = binom.pmf(np.arange(guess.guesses + 1)[None, :], guess.guesses, q[:, None])
+    tails = np.minimum(np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1], 1.0)           # P[B ≥ v], v = 0..guesses
+    v = guess.correct
+    beta = tails[:, v]
+    if v == 0:
+        return beta, np.zeros_like(beta)
+    i = np.arange(1, v + 1)
+    return beta, 2 * m * ((tails[:, v - i] - beta[:, None]) / i).max(axis=1)
+
+
+def one_run_p(m: int, guess: Guesses, eps, delta) -> np.ndarray:
+    """Steinke et al.'s bound on P[W ≥ correct] for a run (ε, δ)-DP in each of its ``m`` canaries' inclusion, at
+    each ε of ``eps`` (with its δ: a number, or one per ε)."""
+    beta, s = one_run_terms(m, guess, eps)
+    return np.minimum(beta + np.asarray(delta, dtype=float) * s, 1.0)
+
+
+def one_run_eps_lower(m: int, guess: Guesses, delta: float, fail: float, eps_max: float = 30.0) -> float:
+    """The largest ε whose (ε, δ) claim ``guess`` refutes at level ``fail`` (its bound on P[W ≥ correct] at most
+    ``fail``); 0 when not even ε = 0 is refuted. The bound grows with ε, so the refuted ε form an interval from 0."""
+    def excess(eps: float) -> float:
+        return float(one_run_p(m, guess, eps, delta)[0]) - fail
+
+    if excess(0.0) > 0:
+        return 0.0
+    if excess(eps_max) <= 0:
+        return eps_max
+    return float(brentq(excess, 0.0, eps_max, xtol=1e-6))
+
+
+def one_run_curve(terms: tuple[np.ndarray, np.ndarray], curve: Callable[[np.ndarray], np.ndarray],
+                  eps_grid: np.ndarray = EPS_GRID) -> float:
+    """The bound on P[W ≥ correct] under a claimed trade-off curve, given as its δ(ε) (``curve``, on an array), from
+    ``one_run_terms`` on ``eps_grid``: the smallest of Steinke et al.'s bounds over the grid, each at the curve's δ
+    there. The claim holds at every ε at once, so the smallest is a bound too."""
+    beta, s = terms
+    return float(np.minimum(beta + np.minimum(curve(eps_grid), 1.0) * s, 1.0).min())
+
+
+def one_run_curve_lower(m: int, tests: Sequence[Guesses], family: Callable[[float], Callable], fail: float,
+                        eps_of: Callable[[float], float], z_range: tuple[float, float] = (0.05, 200.0)) -> dict:
+    """The least private member ``family(z)`` (a δ(ε) curve; larger z: more private, the curves nested) that one of
+    ``tests`` refutes at level ``fail``, by bisection on log z to 1%: ``{"eps_lower_curve": eps_of(z),
+    "noise_multiplier_upper": z}`` (every member with more noise is refuted too); 0 and None when not even
+    ``z_range[1]``'s is. Holds with probability 1 - ``fail``·len(tests) if the run is in the family."""
+    terms = [one_run_terms(m, g, EPS_GRID) for g in tests]        # the binomial sums, once
+
+    def refuted(z: float) -> bool:
+        curve = family(z)
+        return any(one_run_curve(t, curve) <= fail for t in terms)
+
+    low, high = (float(v) for v in z_range)
+    if not refuted(high):
+        return {"eps_lower_curve": 0.0, "noise_multiplier_upper": None}
+    if refuted(low):
+        high = low
+    while high / low > 1.01:                            # refuted at high, not at low
+        mid = math.sqrt(low * high)
+        if refuted(mid):
+            high = mid
+        else:
+            low = mid
+    return {"eps_lower_curve": float(eps_of(high)), "noise_multiplier_upper": high}
