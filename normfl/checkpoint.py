@@ -28,7 +28,7 @@ def snapshot(run, wall_time_s: float) -> dict:
             "data": run.clients.data.state_dict(), "buffers": run.setup.flat.buffers(),
             "backend": run.clients.engine.backend, "wall_time_s": wall_time_s,
             "step": run.step, "losses": [float(v) for v in run.losses], "uploads": run.uploads,
-            "audit": None if run.audit is None else (run.audit.scores, run.audit.steps),
+            "audit": None if run.audit is None else run.audit.state_dict(),
             "wandb_id": run.rec.wandb_id}
 
 
@@ -40,7 +40,7 @@ def restore(run, state: dict) -> None:
     run.setup.flat.set_buffers(state["buffers"])
     run.clients.engine.backend = state["backend"]
     if run.audit is not None and state.get("audit") is not None:       # the canaries' scores so far
-        run.audit.scores, run.audit.steps = state["audit"][0].to(run.x.device), state["audit"][1]
+        run.audit.load_state_dict(state["audit"])
 
 
 class UndeclaredState(RuntimeError):

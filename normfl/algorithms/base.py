@@ -162,7 +162,7 @@ class Algorithm:
     # -- checkpoint ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The attributes named in ``state``; tensors copied (a run side by side holds views of its group's)."""
-        return {name: (v.clone() if isinstance(v, torch.Tensor) else v)
+        return {name: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
                 for name in self.state if hasattr(self, name) for v in (getattr(self, name),)}
 
     def load_state_dict(self, state: dict, device: torch.device | None = None) -> None:

@@ -40,7 +40,7 @@ class ClientMemory:
         only the rows ever written when on disk."""
         state = {k: v for k, v in vars(self).items() if k != "file"}
         if not self.on_disk:
-            state["rows"] = self.rows.clone()
+            state["rows"] = self.rows.detach().clone()
         else:
             ids = torch.tensor(sorted(self.touched), dtype=torch.long)
             state["written"] = (ids, self[ids].cpu())
@@ -89,7 +89,7 @@ class ClientMemory:
             else:
                 self.rows[ids.to(self.device, non_blocking=True)] = rows
             return
-        self._write(torch.arange(self.n) if ids is None else ids, rows.cpu().numpy())
+        self._write(torch.arange(self.n) if ids is None else ids, rows.detach().cpu().numpy())
 
     def _write(self, ids: torch.Tensor, rows: np.ndarray) -> None:
         for i, row in zip(ids.tolist(), np.ascontiguousarray(rows), strict=True):

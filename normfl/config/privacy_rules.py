@@ -110,7 +110,7 @@ def _validate_privacy_reads(cfg: DictConfig) -> None:
                           "amplification by sampling needs clients sampled, p < 1")
 
 
-AUDIT_MODES = ("sidecar", "inband")
+AUDIT_MODES = ("sidecar", "inband", "release")
 
 
 def validate_audit(cfg: DictConfig) -> None:
@@ -120,7 +120,11 @@ def validate_audit(cfg: DictConfig) -> None:
     n = get(cfg, "audit.canaries")
     if not n:
         return
-    if not algorithm(cfg).canaries:      # NormFedAvg's discrete mechanisms are audited a message at a time instead
+    if get(cfg, "audit.mode") == "release":   # canary clients through any client-level Gaussian algorithm's round
+        if (why := algorithm(cfg).own_noise) is not None:
+            raise ConfigError("audit.mode", "release", f"sidecar or inband with algo={cfg.algo.name}: the release "
+                              f"audit's canaries are clients of a Gaussian the privacy node calibrates, and {why}")
+    elif not algorithm(cfg).canaries:    # NormFedAvg's discrete mechanisms are audited a message at a time instead
         raise ConfigError("audit.canaries", n, "0 here: canaries audit the Gaussian mechanisms (dp_normec, "
                           "dp_clip21, dp_fed_normec, dp_fedavg, dpsgd_norm algo.private=true, dpfl, ali_dpfl); the "
                           "discrete mechanisms of dp_normfedavg are audited per message (make audit)")

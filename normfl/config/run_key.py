@@ -46,8 +46,8 @@ def unread(data: dict) -> list[str]:
 
 
 def config_key(cfg: DictConfig) -> str:
-    """A stable hash of what a run computes: the resolved config without NOT_IN_KEY (an in-band audit, which
-    changes what the run computes, stays in)."""
+    """A stable hash of what a run computes: the resolved config without NOT_IN_KEY (an in-band or release
+    audit, which changes what the run computes, stays in)."""
     whole = OmegaConf.to_container(cfg, resolve=True)
     data = {k: v for k, v in whole.items() if k not in NOT_IN_KEY}
     for key, default in KEY_DEFAULTS.items():  # keys added later: absent at their default, so older keys stand
@@ -65,7 +65,7 @@ def config_key(cfg: DictConfig) -> str:
         if node is not None:
             node[last] = text
     audit = whole.get("audit") or {}
-    if audit.get("mode") == "inband" and audit.get("canaries"):     # canaries in the run's own noise draws
-        data["audit"] = {"mode": "inband", "canaries": audit["canaries"]}
+    if audit.get("mode") in ("inband", "release") and audit.get("canaries"):   # canaries in the run's own draws, or
+        data["audit"] = {"mode": audit["mode"], "canaries": audit["canaries"]}   # its own clients
     text = json.dumps(data, sort_keys=True, default=str)
     return f"{cfg.algo.name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"

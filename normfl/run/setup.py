@@ -20,6 +20,7 @@ from normfl.engine import ClientEngine, Clients, FlatModel, choose_backend, pick
 from normfl.engine.capture import CapturedRound
 from normfl.engine.flat import device_name, set_numerics
 from normfl.privacy import Privacy
+from normfl.privacy.audit import joining
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ def build(cfg: DictConfig, cache: dict | None = None) -> Setup:
     if not algo.poisson_batches and (short := data.short_shards(cfg.batch_size)):
         log.info(short)                      # DP-SGD's batches are Poisson draws at algo.sample_rate instead
     steps = data.steps_per_pass() if cfg.get("reading", "text") == "pass" else 1
-    algo.setup(x, cfg.clients, cfg.rounds * steps, build_privacy(cfg, steps), algo_seed(cfg))
+    # a release audit's canary clients join the run: its algorithm serves n + N clients (normfl.privacy.audit.release)
+    algo.setup(x, cfg.clients + joining(cfg), cfg.rounds * steps, build_privacy(cfg, steps), algo_seed(cfg))
     try:
         engine = ClientEngine(flat, cfg.backend, in_shape=tuple(ds.x_train.shape[1:]),
                               capture=cfg.get("capture", "auto"))

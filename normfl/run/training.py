@@ -47,12 +47,12 @@ class Training:
         audit, self.audit = cfg.get("audit", {}), None
         if audit.get("canaries"):
             # here, not at the top: the auditor's statistics (scipy) load in most of a second
-            from normfl.privacy.audit.canaries import canaries_for
+            from normfl.privacy.audit import observer
 
-            self.audit = canaries_for(self.algo, self.clients, audit.canaries, flat.dim, cfg.seed, setup.device,
-                                      self.x.dtype, audit.get("mode", "sidecar"))
+            self.audit = observer(self.algo, self.clients, audit.canaries, self.x, cfg.seed,
+                                  audit.get("mode", "sidecar"))
         # the algorithm's round, or that round captured whole (not in-band: a graph replays no canary's scoring)
-        self.round = self.algo.round if self.audit and self.audit.inband else round_of(self.algo, self.clients)
+        self.round = self.audit.round if self.audit and self.audit.inband else round_of(self.algo, self.clients)
         # how its rounds ran, for its summary (a vectorized group of runs side by side says so instead)
         self.captured = getattr(self.round, "captured", self.clients.engine.captured)
         (self.out_dir / "partition.csv").write_text(

@@ -80,6 +80,16 @@ class Canaries:
         if inband:                                   # the canaries ride on its calls
             algo.mech = _Joined(self)
 
+    def round(self, k: int, x: torch.Tensor, clients):
+        """The algorithm's round (in-band, the canaries ride on its privatizer calls)."""
+        return self.algo.round(k, x, clients)
+
+    def state_dict(self) -> tuple:
+        return self.scores, self.steps
+
+    def load_state_dict(self, state: tuple) -> None:
+        self.scores, self.steps = state[0].to(self.device), state[1]
+
     def sign(self, step: int) -> int:
         """Canaries alternate their sign from release to release: a correct privatizer's scores keep their law,
         and noise reused across releases cancels out of the score instead of piling up in it."""
