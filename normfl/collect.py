@@ -10,7 +10,8 @@ A run is any folder at or below the paths with a ``summary.json`` (a sweep's ``0
 or a committed record of ``outputs/records``, so one's own runs sit beside the reproduction's).
 ``--by``: dotted keys of the runs' ``.hydra/config.yaml`` (a record's ``config.yaml``), comma-separated or
 repeated; by default the keys whose values differ between the runs that read them (``privacy.epsilon`` does not
-differ for a run that adds no noise), less ``normfl.config.NOT_IN_KEY``.
+differ for a run that adds no noise), less ``normfl.config.NOT_IN_KEY`` (an audit that changes what a run computes
+counts: ``normfl.table.audit_in_key``); a key a config lacks is at its ``normfl.config.KEY_DEFAULTS`` value.
 Runs that differ only in ``seed`` are one row and one curve: each number's mean ± std and, where fewer runs have
 it than the row holds (a diverged run has no accuracy), how many; the curve is the mean with a band of ± one
 std. ``--per-seed`` keeps them apart (a row and a curve per run, ``seed`` a column). When folding, every other

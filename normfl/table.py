@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from normfl.config import KEY_DEFAULTS, NOT_IN_KEY
+from normfl.config import KEY_DEFAULTS, NOT_IN_KEY, config_key
 from normfl.config.run_key import unread
 from normfl.privacy import certified
 from normfl.render import fmt, markdown_table
@@ -71,27 +71,49 @@ def reads(run: Path, key: str) -> bool:
     return not any(key == u or key.startswith(f"{u}.") for u in _unread(run))
 
 
+@functools.cache
+def audit_in_key(run: Path) -> bool:
+    """Whether the run's audit changes what it computes (canaries in its own draws or among its clients): its run key
+    holds the audit then (``config_key``'s rule), as it holds no audit made beside the run."""
+    cfg = _config(run)
+    if not OmegaConf.select(cfg, "audit.canaries", default=None, throw_on_resolution_failure=False):
+        return False
+    without = OmegaConf.merge(cfg, {"audit": {"canaries": 0}})
+    try:
+        return config_key(cfg) != config_key(without)
+    except Exception:                                # a config that does not resolve here: no key to tell by
+        return False
+
+
 def varying(dirs: list[Path]) -> list[str]:
     """The config keys whose values differ between the runs ``dirs`` that read them (an absent key at its
-    ``KEY_DEFAULTS``)."""
+    ``KEY_DEFAULTS``), as a run's key sees them: NOT_IN_KEY left out, but an audit that changes what a run computes
+    (``audit_in_key``) differs from none."""
     all_leaves = [(d, leaves(d)) for d in dirs]
-    keys = dict.fromkeys(k for _, f in all_leaves for k in f if k.split(".")[0] not in NOT_IN_KEY)
-    return [k for k in keys
-            if len({f.get(k, json.dumps(KEY_DEFAULTS.get(k))) for d, f in all_leaves if reads(d, k)}) > 1]
+    keys = dict.fromkeys(k for _, f in all_leaves for k in f
+                         if k.split(".")[0] not in NOT_IN_KEY or k.startswith("audit."))
+
+    def value(d: Path, f: dict, k: str) -> str | None:
+        if k.startswith("audit.") and not audit_in_key(d):
+            return None                              # no audit, or one beside the run: the same computation
+        return f.get(k, json.dumps(KEY_DEFAULTS.get(k)))
+    return [k for k in keys if len({value(d, f, k) for d, f in all_leaves if reads(d, k)}) > 1]
 
 
 def collect(*paths: str | Path, keys: tuple[str, ...] = ()) -> pd.DataFrame:
     """One row per run at or below ``paths``: its directory (``run``), the config ``keys``, the summary's
     scalars and the certified and target ε (``epsilon``, ``target_epsilon``; None where not private, and
     ``epsilon`` None where the run reports its ε as a claim: ``privacy.not_certified``); a key the run does not
-    read is None."""
+    read is None, and so is an audit key of a run whose audit does not change what it computes (``audit_in_key``),
+    so that a run audited beside it folds with the same run unaudited."""
     rows = []
     for run in runs(*paths):
         s, cfg = _summary(run), _config(run)
         privacy = s.get("privacy") or {}
         rows.append({"run": str(run),
-                     **{k: OmegaConf.select(cfg, k, default=None, throw_on_resolution_failure=False)
-                        if reads(run, k) else None for k in keys},
+                     **{k: OmegaConf.select(cfg, k, default=KEY_DEFAULTS.get(k), throw_on_resolution_failure=False)
+                        if reads(run, k) and (not k.startswith("audit.") or audit_in_key(run)) else None
+                        for k in keys},
                      **{k: s.get(k) for k in SUMMARY if k not in keys},
                      "epsilon": None if privacy.get("not_certified") else certified(privacy)[0],
                      "target_epsilon": privacy.get("target_epsilon")})
