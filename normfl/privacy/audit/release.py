@@ -261,9 +261,8 @@ class Release:
         found = []
         for name, s in self.scores().items():
             tests = [guessed(s, inside, k) for k in ks]
-            lower = max(one_run_eps_lower(m, g, delta, fail) for g in tests)
+            lower, best = max((one_run_eps_lower(m, g, delta, fail), g) for g in tests)
             curve = one_run_curve_lower(m, tests, family, fail, eps_of)
-            best = max(tests, key=lambda g: g.correct / g.guesses)
             found.append({"observer": name, "eps_lower": lower, "eps_lower_curve": curve["eps_lower_curve"],
                           "guesses": best.guesses, "correct": best.correct})
         eps_lower = max(f["eps_lower"] for f in found)
