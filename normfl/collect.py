@@ -159,7 +159,7 @@ def main(argv=None) -> None:
         fail(f"invalid --x={args.x}; allowed: a column of metrics.csv: {', '.join(cols) or '(none has one)'}")
     if not args.per_seed:          # a setting is every differing key but the seed
         by = [k for k in dict.fromkeys([*by, *differ]) if k != "seed"]
-    t = table(collect(*dirs, keys=tuple(by)), by, error=args.metric.startswith("test_error"))
+    t = table(collect(*dirs, keys=tuple(by), as_key=not args.per_seed), by, error=args.metric.startswith("test_error"))
     folded = None if args.per_seed else fold(t, by)
     md = (markdown(t, by) if folded is None else folded_markdown(folded, by)) + "\n"
     print(md, end="")

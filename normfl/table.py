@@ -100,19 +100,20 @@ def varying(dirs: list[Path]) -> list[str]:
     return [k for k in keys if len({value(d, f, k) for d, f in all_leaves if reads(d, k)}) > 1]
 
 
-def collect(*paths: str | Path, keys: tuple[str, ...] = ()) -> pd.DataFrame:
+def collect(*paths: str | Path, keys: tuple[str, ...] = (), as_key: bool = False) -> pd.DataFrame:
     """One row per run at or below ``paths``: its directory (``run``), the config ``keys``, the summary's
     scalars and the certified and target ε (``epsilon``, ``target_epsilon``; None where not private, and
     ``epsilon`` None where the run reports its ε as a claim: ``privacy.not_certified``); a key the run does not
-    read is None, and so is an audit key of a run whose audit does not change what it computes (``audit_in_key``),
-    so that a run audited beside it folds with the same run unaudited."""
+    read is None. ``as_key``: the keys as the run's key sees them, for folding: an audit key of a run whose audit
+    does not change what it computes (``audit_in_key``) is None too, so such a run folds with the run unaudited."""
     rows = []
     for run in runs(*paths):
         s, cfg = _summary(run), _config(run)
         privacy = s.get("privacy") or {}
         rows.append({"run": str(run),
                      **{k: OmegaConf.select(cfg, k, default=KEY_DEFAULTS.get(k), throw_on_resolution_failure=False)
-                        if reads(run, k) and (not k.startswith("audit.") or audit_in_key(run)) else None
+                        if reads(run, k) and not (as_key and k.startswith("audit.") and not audit_in_key(run))
+                        else None
                         for k in keys},
                      **{k: s.get(k) for k in SUMMARY if k not in keys},
                      "epsilon": None if privacy.get("not_certified") else certified(privacy)[0],

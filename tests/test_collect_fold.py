@@ -117,6 +117,9 @@ def test_runs_an_in_band_audit_changes_are_not_folded_with_runs_without_it(runs,
     table = rows(capsys.readouterr().out)
     folded = {r["audit.mode"]: r["n"] for r in table}
     assert len(table) == 2 and folded == {"–": "2", "inband": "1"}, table           # "–": no audit in its key
+    main([str(root), "--per-seed"])                                                  # apart: each as configured
+    assert sorted((r["audit.canaries"], r["audit.mode"]) for r in rows(capsys.readouterr().out)) == [
+        ("0", "sidecar"), ("8", "inband"), ("8", "sidecar")]
     main([str(root / "plain"), str(root / "sidecar")])
     (row,) = rows(capsys.readouterr().out)
     assert row["n"] == "2" and not any(k.startswith("audit") for k in row)          # nothing differs but the seed
