@@ -102,24 +102,26 @@ def test_per_seed_keeps_every_run_apart(runs, capsys):
 
 
 def test_runs_an_in_band_audit_changes_are_not_folded_with_runs_without_it(runs, tmp_path, capsys):
-    """Canaries in a run's own noise draws change its results (its run key holds them): such a run is not a seed of
-    the same setting as a run without them; canaries beside the run change nothing and fold as seeds."""
+    """Canaries in a run's own noise draws, or among its clients, change its results (its run key holds them): such
+    a run is not a seed of the same setting as a run without them; canaries beside the run change nothing and fold
+    as seeds."""
     root = tmp_path / "audited"
     for name, source, audit in (("plain", 4, None), ("sidecar", 5, {"canaries": 8, "mode": "sidecar"}),
-                                ("inband", 6, {"canaries": 8, "mode": "inband"})):
+                                ("inband", 6, {"canaries": 8, "mode": "inband"}),
+                                ("release", 10, {"canaries": 8, "mode": "release"})):
         d = root / name
         (d / ".hydra").mkdir(parents=True)
-        cfg = OmegaConf.load(runs / str(source) / ".hydra" / "config.yaml")          # β = 1, γ = 0.01, seeds 1-3
+        cfg = OmegaConf.load(runs / str(source) / ".hydra" / "config.yaml")          # β = 1, γ = 0.01, seeds 1-7
         OmegaConf.save(OmegaConf.merge(cfg, {"audit": audit}) if audit else cfg, d / ".hydra" / "config.yaml")
         for f in ("summary.json", "metrics.csv"):
             (d / f).write_bytes((runs / str(source) / f).read_bytes())
     main([str(root)])
     table = rows(capsys.readouterr().out)
     folded = {r["audit.mode"]: r["n"] for r in table}
-    assert len(table) == 2 and folded == {"–": "2", "inband": "1"}, table           # "–": no audit in its key
+    assert len(table) == 3 and folded == {"–": "2", "inband": "1", "release": "1"}, table     # "–": none in its key
     main([str(root), "--per-seed"])                                                  # apart: each as configured
     assert sorted((r["audit.canaries"], r["audit.mode"]) for r in rows(capsys.readouterr().out)) == [
-        ("0", "sidecar"), ("8", "inband"), ("8", "sidecar")]
+        ("0", "sidecar"), ("8", "inband"), ("8", "release"), ("8", "sidecar")]
     main([str(root / "plain"), str(root / "sidecar")])
     (row,) = rows(capsys.readouterr().out)
     assert row["n"] == "2" and not any(k.startswith("audit") for k in row)          # nothing differs but the seed
