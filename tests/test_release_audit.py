@@ -212,15 +212,17 @@ def test_the_privatizer_cuts_the_mark_from_its_input_and_a_memory_keeps_it_witho
     import torch
 
     from normfl.algorithms.memory import ClientMemory
-    from normfl.privacy.audit.release import _carried, _Cut
+    from normfl.privacy.audit.release import Tape, _carried, _Cut
 
     class Audit:
-        calls = 0
+        calls = marked = 0
+        tape = Tape()
     audit, mech = Audit(), mechanisms.Gaussian(1.0, 0.5, "client")
     cut = _Cut(mech, audit)
     marked = torch.tensor([[0.6, 0.8]], requires_grad=True) * 1.0
     out = cut(marked, torch.Generator().manual_seed(0))
-    assert not out.requires_grad and audit.calls == 1 and cut.std == 0.5 and cut.release() == mech.release()
+    assert not out.requires_grad and audit.calls == audit.marked == 1 and cut.std == 0.5
+    assert cut.release() == mech.release()
     cut(marked[:0], torch.Generator())                     # no client this step: no release
     assert audit.calls == 1
     def fresh_mark(t):                                     # marked, one step from a leaf: no history behind it
@@ -261,3 +263,61 @@ def test_each_score_route_and_guess_holds_at_its_share_of_alpha(tmp_path, data_r
     ks = (8, 32, 80, 140)                                  # 2%, 8%, 20%, 35% of the 400 canaries
     share = ALPHA / (2 * 2 * len(ks))
     assert sorted(seen) == sorted([("lower", k, share) for k in ks] * 2 + [("curve", ks, share)] * 2)
+
+
+@pytest.mark.slow
+def test_a_round_with_autograd_off_or_a_choice_from_un_noised_values_is_refuted_by_its_replays(tmp_path, data_root,
+                                                                                               monkeypatch):
+    """The marks follow values through autograd: a round that turns it off leaves none, and a number taken out of
+    torch (a step size from the clients' largest un-noised gradient norm) carries none. The replayed steps, every
+    canary out and every privatizer output as it was, see both; a correct round with autograd off is consistent,
+    and says its data flow was not traced."""
+    correct = audited(data_root, tmp_path / "correct", "algo=dp_normec", "algo._target_=tests.helpers.WithoutAutograd")
+    assert correct["verdict"] == "consistent with the certificate", correct
+    assert correct["data_flow_traced"].startswith("0 of 20 steps: not traced") and correct["replays_changed"] == 0
+    overrides = leaky(tmp_path, monkeypatch, "server uses un-noised values", "ef21")
+    name = overrides[-1].split("=")[1].split(".")[0]
+    (tmp_path / f"{name}.py").write_text((tmp_path / f"{name}.py").read_text() + (
+        "\n\nclass WithoutAutograd(NormEC):\n    def round(self, k, x, clients):\n        with torch.no_grad():\n"
+        "            return super().round(k, x, clients)\n"))
+    off = audited(data_root, tmp_path / "off", *overrides[:-1], f"algo._target_={name}.WithoutAutograd")
+    assert off["verdict"] == "refutes the certificate" and off["leaks"] == 0 and off["replays_changed"] == 4, off   # steps 1, 2, 10, 20
+    step = ("        x = server_step(x, self.ghat, self.gamma, self.server_norm)   # 11: x^{k+1} = x^k - γ ĝ(/||ĝ||)",
+            "        x = server_step(x, self.ghat, self.gamma / max(1.0, G.norm(dim=-1).max().item()), "
+            "self.server_norm)")
+    monkeypatch.setitem(LEAKS, "a step size from un-noised values", {"ef21": step})
+    chosen = audited(data_root, tmp_path / "chosen", *leaky(tmp_path, monkeypatch, "a step size from un-noised values",
+                                                            "ef21"))
+    assert chosen["verdict"] == "refutes the certificate" and chosen["leaks"] == 0, chosen
+    assert chosen["replays_changed"] == 4 and "taken again with every canary out" in chosen["why"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", [["algo=dp_fed_normec", "p=0.5"], ["algo=dp_normec"]], ids=["memories", "ef21"])
+def test_replaying_a_step_leaves_the_run_as_it_was(algo, tmp_path, data_root, monkeypatch):
+    """A replayed step is taken from a copy of the state it started in, and the run goes on from the step as it was
+    taken: the same parameters, metrics and scores as with no step replayed (client memories, error feedback)."""
+    import numpy as np
+    import pandas as pd
+
+    from normfl.privacy.audit import release
+
+    runs = {}
+    for name, replayed, every in (("replayed", release.REPLAYED, release.REPLAY_EVERY), ("not", (), 10**9)):
+        monkeypatch.setattr(release, "REPLAYED", replayed)
+        monkeypatch.setattr(release, "REPLAY_EVERY", every)
+        audit = audited(data_root, tmp_path / name, *algo, "save_params=true")
+        runs[name] = (audit, pd.read_csv(tmp_path / name / "release-42" / "metrics.csv").drop(columns="wall_time"),
+                      np.load(tmp_path / name / "release-42" / "params.npy"))
+    (a, ma, pa), (b, mb, pb) = runs["replayed"], runs["not"]
+    pd.testing.assert_frame_equal(ma, mb)
+    assert pa.tobytes() == pb.tobytes() and a["scores"] == b["scores"] and a["replays_changed"] == 0
+    from normfl.run import start
+    from tests.helpers import trained
+
+    monkeypatch.undo()                                                # steps replayed again
+    t = trained(start(composed(*SMALL, f"data_root={data_root}", *algo, "audit.canaries=400", "audit.mode=release"),
+                      tmp_path / "marks"), until_step=2)             # steps 1 and 2 replayed
+    memory = t.algo.v.rows if hasattr(t.algo, "v") else t.algo.g
+    assert memory.requires_grad                                       # the client memories keep their marks
+    t.rundir.release()

@@ -12,7 +12,7 @@ never from one another:
 - ``standins``: clients with closed-form gradients (``Quadratic``, ``DPSGDClients``, ``run_dpfl``);
 - ``algorithms``: algorithms loaded by config (``algo._target_=tests.helpers.Crasher``, ``Momentum``, ...)."""
 
-from .algorithms import Crasher, ForgetfulMomentum, LateMomentum, Momentum
+from .algorithms import Crasher, ForgetfulMomentum, LateMomentum, Momentum, WithoutAutograd
 from .compare import METRICS, NOT_COMPARED, assert_same_run, outputs, resumed_equals_whole, rows, same
 from .configs import ALGOS, BASE, CIFAR, CIFAR_RESNET20, EXTRA, MODELS, SCALAR_GRIDS, composed, config
 from .models import CPU, flat_model
@@ -22,11 +22,11 @@ from .runs import ended, train, train_command, trained
 from .standins import DPSGDClients, Quadratic, run_dpfl
 
 # The test algorithms are loaded by config as tests.helpers.NAME, the name their messages and pickles carry too
-for _cls in (Crasher, ForgetfulMomentum, LateMomentum, Momentum):
+for _cls in (Crasher, ForgetfulMomentum, LateMomentum, Momentum, WithoutAutograd):
     _cls.__module__ = __name__
 
-__all__ = ["ALGOS", "BAD_INPUT_BASE", "BASE", "CIFAR", "CIFAR_RESNET20", "CONF", "CPU", "EXTRA", "METRICS", "MODELS",
-           "NOT_COMPARED", "OFFLINE", "REPO", "SCALAR_GRIDS", "Crasher", "DPSGDClients", "ForgetfulMomentum",
-           "LateMomentum", "Momentum", "Quadratic", "assert_same_run", "composed", "config", "disk", "ended",
-           "flat_model", "npz", "outputs", "refused", "resumed_equals_whole", "rows", "run_dpfl", "same", "script",
-           "train", "train_command", "train_here", "trained"]
+__all__ = ["ALGOS", "BAD_INPUT_BASE", "BASE", "CIFAR", "CIFAR_RESNET20", "CONF", "CPU", "Crasher", "DPSGDClients",
+           "EXTRA", "ForgetfulMomentum", "LateMomentum", "METRICS", "MODELS", "Momentum", "NOT_COMPARED", "OFFLINE",
+           "Quadratic", "REPO", "SCALAR_GRIDS", "WithoutAutograd", "assert_same_run", "composed", "config", "disk",
+           "ended", "flat_model", "npz", "outputs", "refused", "resumed_equals_whole", "rows", "run_dpfl", "same",
+           "script", "train", "train_command", "train_here", "trained"]

@@ -1,6 +1,8 @@
 """Algorithms outside normfl that the tests load by config (``tests/conf/algo`` through ``hydra.searchpath``, or
 ``algo._target_=tests.helpers.NAME``)."""
 
+import torch
+
 from normfl.algorithms import NormEC
 
 
@@ -39,3 +41,11 @@ class Momentum(ForgetfulMomentum):
     """The same, its momentum declared."""
 
     state = (*NormEC.state, "m")
+
+
+class WithoutAutograd(NormEC):
+    """α-NormEC whose round runs with autograd off, as a user might write one for speed."""
+
+    def round(self, k, x, clients):
+        with torch.no_grad():
+            return super().round(k, x, clients)

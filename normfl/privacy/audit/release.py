@@ -31,8 +31,12 @@ the algorithm is assumed but its privatizer (``algo.mech``, a client-level Gauss
   most ``canaries.ALPHA``, shared by the scores, routes and guesses.
 - **Data flow.** The canaries' rows are leaves of torch's autograd and the privatizer's input is cut from them:
   its output may carry a canary on, its input may not. A released model still attached to a canary's rows used a
-  value that never went through the noise (``leaks``). State a round carries (memories) keeps the mark from step
-  to step. This is exact, not statistical; it sees values, not a choice a value made (a branch, an index).
+  value that never went through the noise (``leaks``, every step). State a round carries (memories) keeps the mark
+  from step to step. Marks follow values, not a choice a value made (a branch, a number taken out of torch), and
+  not a round that turns autograd off; so steps 1, 2 and every tenth are also taken again from the state they
+  started in, every canary out and every privatizer output and real client's row as it was (``changes``): the
+  release of a round that reads the clients only through its privatizer cannot change. Both are exact, not
+  statistical.
 - **Releases.** The privatizer's calls a step are counted against what the accountant charges for it
   (``algo.releases``): a second noisy release the ledger does not count is seen where its noise would hide it.
 
@@ -45,6 +49,7 @@ privatizer itself, the release audit what the algorithm does with it.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -60,6 +65,7 @@ from normfl.privacy.mechanisms import Gaussian
 FRACTIONS = (0.02, 0.08, 0.2, 0.35)     # k / N: the guesses tried, k "in" and k "out" each
 SCORES = ("all iterates", "final model")
 FLOOR = 1e-6                            # a coordinate's variance is at least this fraction of the median's
+REPLAYED, REPLAY_EVERY = (1, 2), 10     # steps taken again with every canary out: these, and every tenth
 
 
 class _Canary:
@@ -102,7 +108,8 @@ class CanaryClients:
         loss = x.new_zeros(len(canary))
         real, at = (~canary).to(x.device), canary.to(x.device)
         if real.any():
-            g, lr = call(x.detach() if x.dim() == 1 else x.detach()[real])
+            g, lr = self.audit.tape.play("grads") if self.audit.tape.playing else \
+                self.audit.tape.keep("grads", call(x.detach() if x.dim() == 1 else x.detach()[real]))
             G[real], loss[real] = g.to(G.dtype), lr.to(loss.dtype)
         if which:
             G = G.index_put((at.nonzero().squeeze(1),), self.audit.rows(which, x.dtype))    # keeps their mark
@@ -129,8 +136,44 @@ class _Cut:
         return getattr(self.mech, name)
 
     def __call__(self, v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        tape = self.audit.tape
+        if tape.playing:                            # the step replayed: the same output, whatever the input
+            out = tape.play("noised")
+            if out.shape != v.shape:
+                raise Replayed("the privatizer was handed another shape")
+            return out
         self.audit.calls += v.numel() > 0
-        return self.mech(v.detach(), gen)
+        self.audit.marked += v.requires_grad
+        return tape.keep("noised", self.mech(v.detach(), gen))
+
+
+class Replayed(Exception):
+    """A replayed step took another path than the step it replays (a choice made from the canaries' values)."""
+
+
+class Tape:
+    """What a step's real clients computed and its privatizer released, kept to replay the step (``Release.replay``):
+    ``keep`` while recording, ``play`` while replaying, in the order the step asked for them."""
+
+    def __init__(self):
+        self.kept: dict[str, list] | None = None
+        self.playing = False
+
+    def record(self) -> None:
+        self.kept, self.playing = {"grads": [], "noised": []}, False
+
+    def keep(self, kind: str, value):
+        if self.kept is not None:
+            self.kept[kind].append(value)
+        return value
+
+    def play(self, kind: str):
+        if not self.kept[kind]:
+            raise Replayed(f"the step asked for more {kind} than it did")
+        return self.kept[kind].pop(0)
+
+    def stop(self) -> None:
+        self.kept, self.playing = None, False
 
 
 def _carried(value):
@@ -174,20 +217,32 @@ class Release:
         self.x0 = x0.detach()[self.idx].double()
         self.last, self.step_before = self.x0.clone(), None
         self.sumsq = torch.zeros_like(self.x0)
-        self.steps = self.pairs = self.calls = 0
+        self.steps = self.pairs = self.calls = self.marked = 0
+        self.traced = 0                            # steps whose privatizer received a canary's mark
+        self.tape, self.replayed = Tape(), []      # steps replayed with every canary out, and where that changed x
         self.leaks: list[int] = []                 # steps whose released model used an un-noised value
         self.over: list[tuple[int, int, int]] = []   # (step, calls, releases charged) where calls exceed the charge
 
     def rows(self, canaries: list[int], dtype: torch.dtype) -> torch.Tensor:
-        """The gradient rows of ``canaries``, marked."""
+        """The gradient rows of ``canaries``, marked (zero while a step is replayed: every canary out)."""
         ids = torch.tensor(canaries, dtype=torch.long, device=self.device)
         rows = torch.zeros(len(canaries), self.dim, dtype=dtype, device=self.device)
+        if self.tape.playing:
+            return rows
         return rows.scatter(1, self.idx[ids], self.values[ids].to(dtype))
 
     def round(self, k: int, x: torch.Tensor, clients=None):
         """Step ``k`` of the algorithm on the clients with the canaries, then its release observed."""
-        self.calls = 0
-        x, info = self.algo.round(k, x, self.clients)
+        self.calls = self.marked = 0
+        replay = k + 1 in REPLAYED or (k + 1) % REPLAY_EVERY == 0
+        if replay:
+            before, rng, start = copy.deepcopy(self.algo.state_dict()), torch.get_rng_state(), x.clone()
+            self.tape.record()
+        with torch.enable_grad():                  # the marks need autograd on (a round may still turn it off)
+            x, info = self.algo.round(k, x, self.clients)
+        if replay and self.changes(k, start, x.detach(), before, rng):
+            self.replayed.append(k + 1)
+        self.traced += self.marked > 0
         charged = self.algo.releases(k + 1) - self.algo.releases(k)
         if self.calls > charged:
             self.over.append((k + 1, self.calls, charged))
@@ -199,6 +254,32 @@ class Release:
                 setattr(self.algo, name, _carried(getattr(self.algo, name)))
         self.see(x)
         return x, info
+
+    def changes(self, k: int, x: torch.Tensor, released: torch.Tensor, before: dict, rng: torch.Tensor) -> bool:
+        """Step ``k`` taken again from the state it started in, every canary out (zero rows), the real clients' rows
+        and every privatizer output as they were: whether the model it releases differs. It cannot for a round
+        whose release depends on the clients only through its privatizer; it does for a value used before its
+        noise, a choice made from one, or another path through the step. The run then goes on from the step as
+        taken (its state, and the random streams of torch, put back)."""
+        if not torch.isfinite(released).all():      # a diverged step: nothing to compare
+            return False
+        live, after = {name: getattr(self.algo, name) for name in self.algo.state if hasattr(self.algo, name)}, \
+            torch.get_rng_state()
+        self.algo.load_state_dict(before, x.device)
+        torch.set_rng_state(rng)
+        self.tape.playing = True
+        try:
+            with torch.no_grad():
+                again, _ = self.algo.round(k, x, self.clients)
+            kept = self.tape.kept
+            return bool(kept["grads"] or kept["noised"]) or \
+                not bool((again - released).abs().max() <= 1e-6 * released.abs().max())
+        except Replayed:
+            return True
+        finally:
+            self.tape.stop()
+            vars(self.algo).update(live)
+            torch.set_rng_state(after)
 
     def see(self, x: torch.Tensor) -> None:
         """One broadcast model: its canary coordinates, and the second differences that show each one's noise."""
@@ -217,12 +298,14 @@ class Release:
     # -- a checkpoint ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"last": self.last, "step_before": self.step_before, "sumsq": self.sumsq, "steps": self.steps,
-                "pairs": self.pairs, "leaks": list(self.leaks), "over": list(self.over)}
+                "pairs": self.pairs, "leaks": list(self.leaks), "over": list(self.over), "traced": self.traced,
+                "replayed": list(self.replayed)}
 
     def load_state_dict(self, state: dict) -> None:
         on = lambda v: None if v is None else v.to(self.device)   # noqa: E731
         self.last, self.step_before, self.sumsq = on(state["last"]), on(state["step_before"]), on(state["sumsq"])
         self.steps, self.pairs, self.leaks, self.over = state["steps"], state["pairs"], state["leaks"], state["over"]
+        self.traced, self.replayed = state["traced"], state["replayed"]
 
     # -- the scores and the bounds ---------------------------------------------------------------------------
     def scores(self) -> dict[str, np.ndarray]:
@@ -271,17 +354,26 @@ class Release:
         if self.leaks:
             why.append(f"un-noised values reached the released model in {len(self.leaks)} of {self.steps} steps "
                        f"(first: step {self.leaks[0]}): the round used a value that never went through its privatizer")
+        if self.replayed:
+            why.append(f"the released model changed when a step was taken again with every canary out and every "
+                       f"privatizer output as it was (steps {', '.join(map(str, self.replayed))}): it depends on the "
+                       "clients' values other than through the noise")
         if self.over:
             step, calls, charged = self.over[0]
             why.append(f"the privatizer released {calls} times in step {step} where the accountant charges {charged} "
                        f"({len(self.over)} such steps)")
+        traced = ("every step" if self.traced == self.steps else
+                  f"{self.traced} of {self.steps} steps" + ("" if self.traced else ": not traced (the privatizer never "
+                  "received a value marked by the canaries: the round turns autograd off, or takes its values out of "
+                  "torch; a leak would be seen by the bounds alone)"))
         if eps_certified is not None and max(eps_lower, eps_curve) > eps_certified:
             why.append(f"the canaries' bound {max(eps_lower, eps_curve):.2f} exceeds the certified ε "
                        f"{eps_certified:.2f}")
         return {"family": self.family, "observer": self.observer, "mode": "release", "canaries": m,
                 "in": int(inside.sum()), "clients_audited": self.clients.n + m, "steps_observed": self.steps,
                 "eps_lower": eps_lower, "eps_lower_curve": eps_curve, "curve": shape, "confidence": 1 - ALPHA,
-                "scores": found, "leaks": len(self.leaks), "first_leak": self.leaks[0] if self.leaks else None,
+                "scores": found, "data_flow_traced": traced, "leaks": len(self.leaks),
+                "first_leak": self.leaks[0] if self.leaks else None, "replays_changed": len(self.replayed),
                 "releases_over": len(self.over), "eps_certified": eps_certified, "delta": delta,
                 "audited": f"a run of {self.clients.n} clients and {m} canary clients: its model is not the run's "
                            "without them, and its certificate is this run's",
