@@ -281,7 +281,8 @@ def test_a_round_with_autograd_off_or_a_choice_from_un_noised_values_is_refuted_
         "\n\nclass WithoutAutograd(NormEC):\n    def round(self, k, x, clients):\n        with torch.no_grad():\n"
         "            return super().round(k, x, clients)\n"))
     off = audited(data_root, tmp_path / "off", *overrides[:-1], f"algo._target_={name}.WithoutAutograd")
-    assert off["verdict"] == "refutes the certificate" and off["leaks"] == 0 and off["replays_changed"] == 4, off   # steps 1, 2, 10, 20
+    assert off["verdict"] == "refutes the certificate" and off["leaks"] == 0, off
+    assert off["replays_changed"] == 4                               # steps 1, 2, 10 and 20, all replayed
     step = ("        x = server_step(x, self.ghat, self.gamma, self.server_norm)   # 11: x^{k+1} = x^k - γ ĝ(/||ĝ||)",
             "        x = server_step(x, self.ghat, self.gamma / max(1.0, G.norm(dim=-1).max().item()), "
             "self.server_norm)")
