@@ -202,8 +202,22 @@ def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> s
              f"(round {summary.get('best_round')})"]
     privacy = summary.get("privacy")
     parts.append(privacy_said(privacy) if privacy else "not private")
+    if summary.get("audit"):
+        parts.append(audit_said(summary["audit"]))
     parts.append(where)
     return " | ".join(parts)
+
+
+def audit_said(audit: dict) -> str:
+    """An audited run's part of its closing line: its observer, its verdict and bounds, and the first reason a release
+    audit refutes the certificate for, e.g. ``audit (release): REFUTES the certificate: un-noised values reached the
+    released model in 20 of 20 steps (first: step 1) ...``."""
+    bounds = f"ε ≥ {audit['eps_lower']:.2f} (curve {audit['eps_lower_curve']:.2f})"
+    head = f"audit ({audit.get('mode', 'sidecar')}, {audit['canaries']} canaries): "
+    if audit["verdict"] == "consistent with the certificate":
+        return head + f"consistent, {bounds}"
+    why = audit.get("why") or [f"{bounds} above the certified {audit['eps_certified']:.2f}"]
+    return head + f"REFUTES the certificate: {why[0]}"
 
 
 def privacy_said(privacy: dict) -> str:

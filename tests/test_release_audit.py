@@ -322,3 +322,24 @@ def test_replaying_a_step_leaves_the_run_as_it_was(algo, tmp_path, data_root, mo
     memory = t.algo.v.rows if hasattr(t.algo, "v") else t.algo.g
     assert memory.requires_grad                                       # the client memories keep their marks
     t.rundir.release()
+
+
+def test_an_audited_runs_closing_line_carries_its_verdict_and_bounds(tmp_path):
+    """Only summary.json had the audit's verdict; the line that ends the run says it now, and a release audit's first
+    reason."""
+    from normfl.results import closing_line
+
+    run_ = {"status": "completed", "wall_time_s": 3.0, "final_test_acc": 0.5, "best_test_acc": 0.5, "best_round": 9,
+            "privacy": {"target_epsilon": 2.0, "epsilon_pld": 2.0}}
+    block = {"canaries": 400, "eps_lower": 0.37, "eps_lower_curve": 1.62, "eps_certified": 2.0}
+    said = {"consistent": {**block, "verdict": "consistent with the certificate"},
+            "sidecar refutes": {**block, "eps_lower": 2.5, "verdict": "refutes the certificate"},
+            "release refutes": {**block, "mode": "release", "verdict": "refutes the certificate",
+                                "why": ["un-noised values reached the released model in 20 of 20 steps", "more"]}}
+    lines = {k: closing_line({**run_, "audit": a}, tmp_path) for k, a in said.items()}
+    assert "| audit (sidecar, 400 canaries): consistent, ε ≥ 0.37 (curve 1.62) |" in lines["consistent"]
+    assert ("audit (sidecar, 400 canaries): REFUTES the certificate: ε ≥ 2.50 (curve 1.62) above the certified 2.00"
+            in lines["sidecar refutes"])
+    assert ("audit (release, 400 canaries): REFUTES the certificate: un-noised values reached the released model in "
+            "20 of 20 steps |" in lines["release refutes"])
+    assert "| audit (" not in closing_line(run_, tmp_path)

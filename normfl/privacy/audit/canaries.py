@@ -157,7 +157,8 @@ class Canaries:
         best = max(found, key=lambda f: f["eps_lower"])
         curve = max(f["eps_lower_curve"] for f in found)
         refutes = eps_certified is not None and max(best["eps_lower"], curve) > eps_certified
-        return {"family": self.family, "observer": self.observer, "canaries": self.n, "in": int(inside.sum()),
+        return {"family": self.family, "observer": self.observer, "mode": "inband" if self.inband else "sidecar",
+                "canaries": self.n, "in": int(inside.sum()),
                 "steps_observed": self.steps, "eps_lower": best["eps_lower"], "eps_lower_curve": curve,
                 "curve": "PLD" if release.sampled else "GDP", "confidence": 1 - ALPHA, "scores": found,
                 "eps_certified": eps_certified, "delta": delta,
