@@ -343,3 +343,21 @@ def test_an_audited_runs_closing_line_carries_its_verdict_and_bounds(tmp_path):
     assert ("audit (release, 400 canaries): REFUTES the certificate: un-noised values reached the released model in "
             "20 of 20 steps |" in lines["release refutes"])
     assert "| audit (" not in closing_line(run_, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_release_audited_run_in_a_sweep_trained_side_by_side_is_audited_as_alone(tmp_path, data_root):
+    """Runs sharing data train side by side in one process (``hydra/launcher=stacked``): a release-audited one steps
+    alone, through its audit's round, beside a plain run, and its audit and model are those of the run alone."""
+    import numpy as np
+
+    from normfl.run.together import train_together
+
+    audited_ = composed(*SMALL, f"data_root={data_root}", "algo=dp_normec", "audit.canaries=200", "audit.mode=release",
+                        "save_params=true", "backend=sequential")
+    plain = composed(*SMALL, f"data_root={data_root}", "algo=dp_normec", "save_params=true", "backend=sequential")
+    together = train_together([(audited_, tmp_path / "a"), (plain, tmp_path / "b")])
+    alone = run(audited_, tmp_path / "alone")
+    assert together[0]["audit"]["leaks"] == 0 and together[0]["audit"]["steps_observed"] == 20
+    assert together[0]["audit"]["scores"] == alone["audit"]["scores"]
+    assert np.load(tmp_path / "a" / "params.npy").tobytes() == np.load(tmp_path / "alone" / "params.npy").tobytes()

@@ -67,6 +67,12 @@ def train_together(jobs: list[tuple], max_runs: int = 32, log_name: str = "train
     return results
 
 
+def _round(t: Training):
+    """A run's round in a lockstep: its algorithm's own, or its in-band or release audit's, which wraps it (the
+    round ``round_of`` may capture whole runs alone)."""
+    return t.audit.round if t.audit is not None and t.audit.inband else t.algo.round
+
+
 @contextlib.contextmanager
 def _bars(trainings: list[Training]):
     """A progress bar for each run whose config asks for one (``progress``), each on its own line and labelled as a
@@ -107,7 +113,7 @@ def _side_by_side(trainings: list[Training]) -> None:
                             _failed(t, err)
                 made = current
                 if rest:
-                    results = lockstep.round([(functools.partial(t.algo.round, t.step, t.x), t.clients) for t in rest])
+                    results = lockstep.round([(functools.partial(_round(t), t.step, t.x), t.clients) for t in rest])
                     for t, result in zip(rest, results, strict=True):
                         if isinstance(result, BaseException):
                             if not isinstance(result, Exception):

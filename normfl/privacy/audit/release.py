@@ -232,7 +232,10 @@ class Release:
         return rows.scatter(1, self.idx[ids], self.values[ids].to(dtype))
 
     def round(self, k: int, x: torch.Tensor, clients=None):
-        """Step ``k`` of the algorithm on the clients with the canaries, then its release observed."""
+        """Step ``k`` of the algorithm on the clients with the canaries (``clients``: the real ones as this step
+        serves them, a lockstep's among runs side by side), then its release observed."""
+        if clients is not None:
+            self.clients.real = clients
         self.calls = self.marked = 0
         replay = k + 1 in REPLAYED or (k + 1) % REPLAY_EVERY == 0
         if replay:
