@@ -187,8 +187,8 @@ def duration(seconds: float | None) -> str:
 
 
 def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> str:
-    """The one line that ends a run: status, final and best test accuracy, its privacy (``privacy_said``), where,
-    how long."""
+    """The one line that ends a run: status, how long (a resumed run: its rounds' time over every start, not the
+    time since its first start), final and best test accuracy, its privacy (``privacy_said``) and audit, where."""
     status, where = summary.get("status", "failed"), shown(out_dir)
     if status not in FINISHED:
         return f"normfl: {status}: {summary.get('error')}; traceback in {Path(where) / log_name}"
@@ -196,8 +196,10 @@ def closing_line(summary: dict, out_dir: Path, log_name: str = "train.log") -> s
     def pct(v):
         return "–" if v is None else f"{100 * v:.2f}%"
 
-    parts = [f"normfl: {status} in {duration(summary.get('wall_time_s'))}"
-             + (f" at round {summary.get('final_round')}" if status == "diverged" else ""),
+    resumed = summary.get("resumed_at_round")
+    took = (f"in {duration(summary.get('wall_time_s'))}" if resumed is None else       # a resumed run: its training
+            f"in {duration(summary.get('training_time_s'))} of training, resumed at round {resumed}")
+    parts = [f"normfl: {status} {took}" + (f" at round {summary.get('final_round')}" if status == "diverged" else ""),
              f"test accuracy {pct(summary.get('final_test_acc'))} final, {pct(summary.get('best_test_acc'))} best "
              f"(round {summary.get('best_round')})"]
     privacy = summary.get("privacy")

@@ -187,6 +187,9 @@ SPECIAL = {
     # the canaries audited beside a run keep the scores they have seen
     "audit-dp_normec": (["algo=dp_normec", "audit.canaries=50", "privacy.calibration=accountant", "accountant=pld"],
                         None),
+    # canary clients in the run: their scores' sums, the steps seen, marked and replayed carry over
+    "audit-release-dp_fed_normec": (["algo=dp_fed_normec", "p=0.5", "audit.canaries=50", "audit.mode=release",
+                                    "privacy.calibration=accountant", "accountant=pld"], None),
 }
 
 
@@ -219,6 +222,21 @@ def test_a_run_resumed_mid_pass_or_audited_ends_as_the_run_never_stopped(case, t
     summary = resumed_equals_whole(compose_config(data_root, *overrides), tmp_path, kill_at)
     if case.startswith("audit"):
         assert summary["audit"]["steps_observed"] == summary["steps"]
+    said_resumed(summary, tmp_path)
+
+
+def said_resumed(summary: dict, tmp_path) -> None:
+    """A resumed run's closing line gives its rounds' time over every start (its last row's wall time), and the
+    round it was taken up at; the run made whole says neither."""
+    from normfl.results import closing_line
+
+    whole = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    rows = pd.read_csv(tmp_path / "killed" / "metrics.csv")
+    assert whole["resumed_at_round"] is None and "resumed at round" not in closing_line(whole, tmp_path)
+    assert summary["training_time_s"] == pytest.approx(rows["wall_time"].iloc[-1], rel=1e-6)
+    assert 0 < summary["resumed_at_round"] < summary["final_round"]
+    took = f"of training, resumed at round {summary['resumed_at_round']}"
+    assert f"completed in {summary['training_time_s']:.1f}s {took} |" in closing_line(summary, tmp_path)
 
 
 @pytest.mark.parametrize("forgetful", ["ForgetfulMomentum", "LateMomentum"])

@@ -31,8 +31,9 @@ from normfl.results import RECORD_METRICS as METRICS
 
 RECORDS = Path(os.environ.get("NORMFL_RECORDS") or ROOT / "outputs" / "records")   # the tests keep theirs apart
 FILES = ("config.yaml", "summary.json", "metrics.csv.xz")
-PLACE_AND_TIME = ("wall_time_s", "seconds_per_round", "peak_rss_mb", "threads", "backend", "device", "device_name",
-                  "data_source", "versions", "commit", "adopted_from", "adopted_key")   # differ between two makings
+PLACE_AND_TIME = ("wall_time_s", "training_time_s", "resumed_at_round", "seconds_per_round", "peak_rss_mb", "threads",
+                  "backend", "device", "device_name", "data_source", "versions", "commit", "adopted_from",
+                  "adopted_key")                                                   # differ between two makings
 
 
 class RecordError(ConfigError):

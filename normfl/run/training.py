@@ -72,6 +72,7 @@ class Training:
             self.rec.add(row0)
             self.sent = 0
         self.k = self.rec.rows[-1]["round"]
+        self.resumed_at = self.k if state else None         # the round a checkpoint took this start to
         self.step = self.rec.rows[-1].get("steps", self.k)          # checkpoints from before the column: k
         self.losses, self.uploads = [], 0                            # of the round's steps so far (on the device)
         self.unread: list[tuple[dict, torch.Tensor]] = []           # rows whose losses and flags are not read yet
@@ -211,6 +212,8 @@ class Training:
             "reading": cfg.get("reading", "text"), "steps": self.step, "steps_per_round": s.steps_per_round,
             "privacy": privacy, "audit": audit,
             "wall_time_s": time.perf_counter() - self.t_start,
+            "training_time_s": self.rec.rows[-1]["wall_time"],          # its rounds' time, over every start
+            "resumed_at_round": self.resumed_at,
             "seconds_per_round": (time.perf_counter() - self.t0) / max(1, self.rec.rows[-1]["round"]),
             "peak_rss_mb": peak_rss_mb(),
             **where(s.device),

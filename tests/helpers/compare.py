@@ -52,7 +52,8 @@ def same(a, b, where="") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-NOT_COMPARED = ("wall_time_s", "seconds_per_round", "peak_rss_mb",
+NOT_COMPARED = ("wall_time_s", "training_time_s", "seconds_per_round", "peak_rss_mb",
+           "resumed_at_round",                  # a resumed run says where it was taken up
            "data_source")                       # says whether this run copied the offline data (the first does)
 
 
@@ -84,7 +85,7 @@ def resumed_equals_whole(cfg, tmp_path, kill_at=None):
     same(whole.algo.state_dict(), resumed.algo.state_dict(), "algo")
     same(whole.clients.data.state_dict(), resumed.clients.data.state_dict(), "data")
     if whole.audit is not None:                         # its bounds may be 0 either way at a few canaries: the scores
-        same((whole.audit.scores, whole.audit.steps), (resumed.audit.scores, resumed.audit.steps), "audit")
+        same(whole.audit.state_dict(), resumed.audit.state_dict(), "audit")
     strip = lambda s: {k: v for k, v in s.items() if k not in NOT_COMPARED}   # noqa: E731
     same(strip(whole_summary), strip(summary), "summary")
     assert np.array_equal(np.load(tmp_path / "whole" / "params.npy"), np.load(killed / "params.npy"))
