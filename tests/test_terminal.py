@@ -183,3 +183,41 @@ def test_a_parallel_sweep_labels_its_bars_and_starts_every_closing_line_afresh(l
     assert len(closing) == 2 and all(line.startswith("normfl: completed") for line in closing), shown
     assert text.count(FRESH + "normfl: completed") == 2
     assert not [line for line in shown if "normfl" in line and not line.startswith(("normfl", "["))], shown
+
+
+@pytest.mark.slow
+def test_a_run_starts_with_what_it_runs_and_its_bar_then_estimates_its_time(tmp_path, data_root, capsys, caplog,
+                                                                              monkeypatch):
+    """Before its first evaluation the run says what it runs (algorithm, data, model, clients, rounds and reading,
+    device, backend, precision) and draws its bar from 0; after its first round the bar carries the time a round
+    takes and the estimate to the end; on a CPU, a run estimated beyond ``CPU_HINT_S`` says so in one line with what
+    runs faster (the threshold lowered to 0 here: any run is long)."""
+    from normfl.run import run, training
+    from tests.helpers import composed
+
+    cfg = composed("algo=dp_fed_normec", "p=0.5", "dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400",
+                   "dataset.test_limit=100", "clients=4", "rounds=4", "eval_every=4", "backend=sequential",
+                   "progress=true", f"data_root={data_root}")
+    line = ("normfl: dp_fed_normec on Fashion-MNIST, logreg (7,850 parameters), 4 clients (each takes part w.p. 0.5), "
+            "4 rounds (a step a round), cpu, backend sequential, fp32")
+    seen, evaluate = [], training.Training.evaluate
+
+    def first_evaluation(self, row, at, releases):
+        if not seen:                                      # what the user has been shown by then
+            seen.append((list(caplog.messages), capsys.readouterr().err))
+        return evaluate(self, row, at, releases)
+
+    monkeypatch.setattr(training.Training, "evaluate", first_evaluation)
+    with caplog.at_level(logging.INFO, logger="normfl"):
+        run(cfg, tmp_path / "run")
+    (messages, bar), after = seen[0], capsys.readouterr().err
+    assert line in messages and "0/4 [00:00<?, ?it/s]" in bar, (messages, bar)
+    assert re.search(r"1/4 \[\d\d:\d\d<\d\d:\d\d, +[\d.]+(s/it|it/s)\]", after), after   # a round's time, the rest
+    assert not any("to go on this CPU" in m for m in caplog.messages)
+    monkeypatch.setattr(training, "CPU_HINT_S", 0.0)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="normfl"):
+        run(cfg, tmp_path / "hinted")
+    hint = [m for m in caplog.messages if "to go on this CPU" in m]
+    assert len(hint) == 1 and re.match(r"normfl: about [\d.]+s to go on this CPU \([\d.]+s a round\)\. On a GPU: "
+                                       r"the same command with `device=cuda backend=stacked`", hint[0]), hint

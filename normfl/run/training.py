@@ -19,7 +19,7 @@ from normfl.data import label_histogram_csv
 from normfl.engine.flat import numerics
 from normfl.ops import EVALUATION, round_generator
 from normfl.privacy import certified
-from normfl.results import Recorder, finished
+from normfl.results import Recorder, duration, finished
 from normfl.run.privacy_report import cautions, planned_spent, summary_block, warn_above_target
 from normfl.run.provenance import peak_rss_mb, where
 from normfl.run.rundir import RunDir
@@ -61,10 +61,14 @@ class Training:
                             wandb_names(rundir.hydra_cfg), (state or {}).get("wandb_id"))
         self.bits = self.algo.bits_per_coord or 8 * self.x.element_size()
         self.upload_bytes = flat.dim * self.bits / 8
+        log.info(what_runs(cfg, setup, self.audit))
         if state:                                            # continue where the checkpoint left off
             checkpoint.restore(self, state)
             log.info("resuming from round %d (%s)", self.rec.rows[-1]["round"], checkpoint.NAME)
-        else:
+        # the bar from the start (a first evaluation or round can take minutes: the user sees what runs meanwhile)
+        self.bar = progress_bar(cfg, self.rec.rows[-1]["round"] if state else 0, progress,
+                                progress_label(rundir.hydra_cfg))
+        if not state:
             row0 = {"round": 0, "steps": 0, "noise_std": self.algo.noise_std, "bits_per_coord": self.bits,
                     "transmissions": 0, "transmissions_total": 0, "bytes_uploaded": 0, "bytes_total": 0,
                     "wall_time": 0.0}
@@ -82,11 +86,22 @@ class Training:
         self.watch = checkpoint.StateWatch(self.algo, ("mech",) if self.audit and self.audit.inband else ())
         self.status, self.t0 = "completed", time.perf_counter() - self.rec.rows[-1]["wall_time"]
         self.active = self.k < cfg.rounds
-        self.bar = progress_bar(cfg, self.k, progress, progress_label(rundir.hydra_cfg))
+        self.first = (self.k, time.perf_counter())          # the estimate after this start's first round
         self.uncovered, self.weak_delta, self.not_certified = cautions(self.algo, flat.module, setup.parts)
         if self.algo.private:                                # said before the first round, and again at the end
             releases = self.algo.planned_releases(cfg.rounds * setup.steps_per_round)
             self.warn_privacy(planned_spent(self.algo.ledger, releases, self.algo.privacy.epsilon), ahead=True)
+
+    def estimate(self, seconds: float, rounds: int) -> None:
+        """After this start's first round: on a CPU, a run that would take longer than ``CPU_HINT_S`` to end says how
+        long, and what runs faster (the bar shows the estimate as it goes)."""
+        self.first = None
+        left = seconds / rounds * (self.cfg.rounds - self.k)
+        if self.setup.device.type == "cpu" and left > CPU_HINT_S:
+            log.info("normfl: about %s to go on this CPU (%s a round). On a GPU: the same command with `device=cuda "
+                     "backend=stacked`; on this CPU, a smaller setting, e.g. `dataset=fashion_mnist model=logreg "
+                     "rounds=50` (Fashion-MNIST, logistic regression: about a minute), or `make run`, which picks "
+                     "the setting a CPU can afford", duration(left), duration(seconds / rounds))
 
     def warn_privacy(self, spent: dict, ahead: bool) -> None:
         """A warning when the run certifies (or claims) more than privacy.epsilon: ``ahead`` before its first
@@ -138,6 +153,8 @@ class Training:
         if self.watch is not None and not self.watch.check(self.algo):
             self.watch = None
         self.bar.update()
+        if self.first is not None and k + 1 > self.first[0]:
+            self.estimate(time.perf_counter() - self.first[1], k + 1 - self.first[0])
         evaluate = (k + 1) % cfg.eval_every == 0 or last
         if evaluate:
             with reading():
@@ -222,6 +239,22 @@ class Training:
         if self.algo.private:
             self.warn_privacy(summary["privacy"], ahead=False)
         return summary
+
+
+CPU_HINT_S = 30 * 60         # a CPU run estimated to take longer says so after its first round, and what runs faster
+
+
+def what_runs(cfg: DictConfig, setup: Setup, audit) -> str:
+    """The line a run starts with: its algorithm, data, model, clients, rounds and reading, device and backend,
+    precision (and its audit)."""
+    steps, algo = setup.steps_per_round, setup.algo
+    reading = f"a pass of {steps} steps a round" if steps > 1 else "a step a round"
+    taking = f" (each takes part w.p. {algo.p:g})" if algo.p < 1 else ""
+    audited = "" if audit is None else (f", audited with {cfg.audit.canaries} canaries ({cfg.audit.mode}"
+                                        + (": they join the clients)" if cfg.audit.mode == "release" else ")"))
+    return (f"normfl: {cfg.algo.name} on {setup.ds.label}, {cfg.model._target_.rsplit('.', 1)[-1]} "
+            f"({setup.flat.dim:,} parameters), {cfg.clients} clients{taking}, {cfg.rounds} rounds ({reading}), "
+            f"{setup.device.type}, backend {setup.clients.engine.backend}, {cfg.precision}{audited}")
 
 
 def start(cfg: DictConfig, out_dir: Path, cache: dict | None = None, progress: bool | None = None,
