@@ -64,6 +64,42 @@ def test_the_page_shows_the_example_as_it_is_run():
     assert "[Add your own algorithm](docs/own-algorithm.md)" in (REPO / "README.md").read_text()
 
 
+def test_what_the_page_says_of_the_examples_code_holds(monkeypatch, tmp_path, data_root):
+    """"Reading the example": ``self.p`` is the base class's, read from the ``sampling`` setup made; ``clients.grads``
+    without ids gives every client's row, with ids those clients' rows in their order; the server state ``m`` is
+    ``[d]``; side by side the group's x and ``m`` are ``[R, d]``, ``mu`` a column ``[R, 1]``, a client memory
+    ``[R, n, d]``; a class without scalars (the held-out DP-FedAdam) steps alone."""
+    import torch
+
+    from normfl.run import start, vectorized
+
+    t = start(example(monkeypatch, data_root, "p=0.25", "backend=stacked"), tmp_path / "one")
+    d = t.x.numel()
+    assert "p" not in vars(t.algo) and t.algo.p == t.algo.sampling.p == t.algo.bernoulli_p == 0.25
+    G, loss = t.clients.grads(t.x)
+    assert G.shape == (4, d) and loss.shape == (4,) and t.algo.m.shape == (d,)
+    for ids in ([2, 0], [3]):                              # those clients' rows, in their order
+        peeked = t.clients.peek(torch.tensor(ids))           # their next batches, left in place
+        rows, _ = t.clients.grads(t.x.expand(len(ids), d), ids=torch.tensor(ids))
+        alone, _ = t.clients.grads(t.x, batches=peeked)
+        assert rows.shape == (len(ids), d) and torch.allclose(rows, alone)
+    t.rundir.release()
+    pair = [start(example(monkeypatch, data_root, "backend=stacked", f"algo.mu={mu}"), tmp_path / str(mu))
+            for mu in (0.5, 0.9)]
+    group = vectorized.Group(pair)
+    assert group.X.shape == (2, d) and group.box.m.shape == (2, d) and group.box.mu.shape == (2, 1)
+    for u in pair:
+        u.rundir.release()
+    ec = [start(composed(*SMALL, f"data_root={data_root}", "algo=dp_normec", "backend=stacked", f"algo.gamma={g}"),
+                tmp_path / f"ec{g}") for g in (0.1, 0.2)]
+    assert vectorized.Group(ec).box.g.shape == (2, 4, d)                # a client memory side by side
+    for u in ec:
+        u.rundir.release()
+    adam = start(held_out(monkeypatch, data_root, "backend=stacked"), tmp_path / "adam")
+    assert adam.algo.scalars is None and vectorized.group_key(adam) is None    # steps alone
+    adam.rundir.release()
+
+
 @pytest.mark.slow
 def test_the_example_trains_certifies_its_target_and_its_audit_is_consistent(tmp_path, data_root):
     out = train_outside(tmp_path, data_root, "p=0.5", "rounds=20", "privacy.epsilon=2", "audit.canaries=1000",
