@@ -59,3 +59,26 @@ def test_every_cause_is_a_section_and_every_section_a_cause():
 def test_each_section_cites_what_it_can():
     cited = {title for title, body in sections().items() if "| quoted |" in body}
     assert len(list(citations())) >= 25 and cited == set(sections()) - {targets.NFA_T5_CAUSE}
+
+
+def test_the_table_of_normec_t2s_beta_0_1_cells_quotes_its_records_as_what_they_are():
+    """docs/measurements.md's one table of NORMEC-T2's β = 0.1 cells (issue 67.6: one cell's numbers were quoted
+    on four pages, two of them the other cell's): each row sourced from a record gives the record's final and best
+    accuracy, and the record is that cell (SN or not, β = 0.1, its γ, the text profile)."""
+    import yaml
+
+    page = (REPO / "docs" / "measurements.md").read_text()
+    section = page.split("## NORMEC-T2's β = 0.1 cells: every number, one place")[1].split("\n## ")[0]
+    recorded = 0
+    for row in re.findall(r"^\| (?!cell|---)(.+) \|$", section, flags=re.M):
+        cell, gamma, *_, accuracy, source = (c.strip() for c in row.split("|"))
+        if not source.startswith("record "):
+            continue
+        key = source.split()[1]
+        summary = json.loads((REPO / "outputs/records" / key / "summary.json").read_text())
+        config = yaml.safe_load((REPO / "outputs/records" / key / "config.yaml").read_text())
+        assert accuracy == f"{100 * summary['final_test_acc']:.2f}% ({100 * summary['best_test_acc']:.2f}%)", row
+        assert config["algo"]["server_norm"] == cell.startswith("SN") and config["algo"]["beta"] == 0.1, row
+        assert config["algo"]["gamma"] == float(gamma) and config["profile"] == "text", row
+        recorded += 1
+    assert recorded == 3
