@@ -8,7 +8,7 @@ import ast
 
 from tests.helpers import REPO
 
-TESTS = sorted((REPO / "tests").glob("test_*.py"))
+TESTS = sorted((REPO / "tests").rglob("test_*.py"))
 MAX_LINES = 450
 
 
