@@ -94,7 +94,7 @@ def test_sweep_rerun_skips_finished_jobs_and_records_a_crash(tmp_path, data_root
     first = train(data_root, *args, multirun=True, code=None)
     assert first.returncode == 1 and f"normfl sweep: 1 completed, 1 failed in {tmp_path}\n" in first.stderr, \
         first.stderr[-3000:]
-    assert "\n  job 1 failed: " in first.stderr
+    assert "\n  job 1 failed (algo=crasher): RuntimeError('crashed on purpose in round 1')\n" in first.stderr
     jobs = {d.name: d for d in tmp_path.iterdir() if d.is_dir() and d.name[0].isdigit()}
     done, crashed = (json.loads((jobs[j] / "summary.json").read_text()) for j in ("0", "1"))
     assert done["status"] == "completed"

@@ -21,7 +21,8 @@ from normfl import checkpoint
 from normfl.config import config_key
 from normfl.errors import ConfigError
 from normfl.results import closing_line, record_failure, shown
-from normfl.run.sweep import ask_stop, forget_log, in_worker, not_started, note, resume_command, stop_asked
+from normfl.run.signals import signal_name
+from normfl.run.sweep import ask_stop, forget_log, in_worker, not_started, note, resume_command, scheduled, stop_asked
 from normfl.run.terminal import fresh, fresh_lines
 from normfl.run.training import INPUT_ERRORS, run
 
@@ -125,15 +126,17 @@ def main(cfg: DictConfig) -> dict | None:
             sys.exit(f"normfl: {err}")
         print(f"{fresh(sys.stderr)}normfl: job {hc.job.num} refused: {err}", file=sys.stderr)   # no log: nothing left
         forget_log(out_dir)
-        note(hc.sweep.dir, hc.job.num, overrides, "refused", out_dir)
+        note(hc.sweep.dir, hc.job.num, overrides, "refused", out_dir, why=str(err))
         return {"status": "refused", "error": str(err)}
     except KeyboardInterrupt as err:            # Ctrl-C, or SIGTERM (``signals.Stopped``): exit 128 + the signal
         signum = getattr(err, "signum", signal.SIGINT)
         if multirun and in_worker():            # the sweep's own process prints how to continue it (SweepStop)
-            ask_stop(hc.sweep.dir, signum)
-            print(f"\nnormfl: job {hc.job.num} stopped: {saved(out_dir)}", file=sys.stderr)
-            note(hc.sweep.dir, hc.job.num, overrides, "stopped", out_dir)
-            return {"status": "stopped"}
+            if not scheduled():                 # a joblib worker's signal is its sweep's; a scheduler's job's its own
+                ask_stop(hc.sweep.dir, signum)
+            why = getattr(err, "why", None) or signal_name(signum)
+            print(f"\nnormfl: job {hc.job.num} stopped ({why}): {saved(out_dir)}", file=sys.stderr)
+            note(hc.sweep.dir, hc.job.num, overrides, "stopped", out_dir, why=why)
+            return {"status": "stopped", "error": why}
         print(f"\nnormfl: interrupted; {resume_hint(out_dir, hc.sweep.dir if multirun else None)}", file=sys.stderr)
         sys.exit(128 + signum)
     except Exception as err:  # a failed run is recorded, with its traceback in the log; a sweep carries on
@@ -141,7 +144,7 @@ def main(cfg: DictConfig) -> dict | None:
         report.info(closing_line({"status": "failed", "error": repr(err)}, out_dir, f"{hc.job.name}.log"))
         if not multirun:
             raise
-        note(hc.sweep.dir, hc.job.num, overrides, "failed", out_dir)
+        note(hc.sweep.dir, hc.job.num, overrides, "failed", out_dir, why=repr(err))
         return {"status": "failed", "error": repr(err)}
     report.info(closing_line(summary, out_dir))
     if multirun:

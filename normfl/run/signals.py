@@ -24,11 +24,12 @@ class Training(Protocol):
 
 
 class Stopped(KeyboardInterrupt):
-    """Runs stopped by a signal after saving their checkpoints; the process ends with 128 + ``signum``."""
+    """Runs stopped by a signal after saving their checkpoints; the process ends with 128 + ``signum``. ``why``:
+    what stopped them, where the signal alone does not say (a scheduler's refusal to requeue)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, why: str | None = None):
         super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+        self.signum, self.why = signum, why
 
 
 def signal_name(signum: int) -> str:
@@ -40,13 +41,15 @@ class Interrupts:
     """A signal to stop while runs train: the first asks them to stop after the step under way, so that
     they save a checkpoint where they stand (``asked``); a second stops at once. Signals taken:
 
-    - Ctrl-C (SIGINT), always, and SIGTERM where its default action is in force (a scheduler's or a
-      container's stop, ``kill``): the process then ends with ``Stopped`` (exit 130 or 143);
+    - Ctrl-C (SIGINT), always, and SIGTERM where its default action is in force (a container's stop, ``kill``)
+      or in a job submitit runs (``scancel``, a preemption, a node's shutdown: submitit's own handler only logs
+      it, and the run trained on until SIGKILL came KillWait seconds later): the process then ends with
+      ``Stopped`` (exit 130 or 143);
     - a scheduler's warning that the job is about to be preempted or timed out, where a handler is
       already set for it: submitit's signal (SIGUSR2, or ``$SUBMITIT_PREEMPT_SIGNAL``), under Hydra's
       SLURM launcher. After the checkpoint, that handler runs (submitit requeues the job and exits), so the
-      requeued job resumes from where the signal came, not from its last ``checkpoint_every``. submitit's
-      own SIGTERM handler (it ignores SIGTERM) is left alone.
+      requeued job resumes from where the signal came, not from its last ``checkpoint_every``; where it
+      will not requeue (``max_num_timeout`` spent), the run ends ``Stopped`` with its reason, its checkpoint kept.
 
     Only the main thread receives signals, so elsewhere they act as they always do. A joblib sweep's worker
     holds them blocked between runs (``run.cli.SweepStop``); they are unblocked here while it trains. A signal
@@ -63,7 +66,7 @@ class Interrupts:
         if threading.current_thread() is not threading.main_thread():
             return self
         wanted = [signal.SIGINT]
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL or "SUBMITIT_EXECUTOR" in os.environ:
             wanted.append(signal.SIGTERM)
         preempt = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
         if preempt is not None and callable(signal.getsignal(preempt)):
@@ -85,10 +88,12 @@ class Interrupts:
               file=sys.stderr)
 
     def _stop(self, signum, frame) -> None:
-        if signum in self.handover:          # the scheduler's handler: submitit requeues the job and exits
-            self.previous[signum](signum, frame)
-        else:
+        if signum not in self.handover:
             raise Stopped(signum)
+        try:                                 # the scheduler's handler: submitit requeues the job and exits
+            self.previous[signum](signum, frame)
+        except Exception as err:             # noqa: BLE001 (submitit's refusal to requeue: timed out too often)
+            raise Stopped(signum, str(err)) from err
 
     def stop_if_asked(self, trainings: list[Training]) -> None:
         """After a step: if a signal came while runs are still going, each saves a checkpoint, and all stop (runs

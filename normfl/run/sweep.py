@@ -1,7 +1,8 @@
-"""A sweep (``train.py -m``): its jobs checked before any starts, each job's outcome noted beside them whichever
-process or machine ran it, and a table of its jobs when it ends, its exit status non-zero, with a line per job, when
-any job was refused or failed. In a sweep whose jobs run in worker processes (joblib), Ctrl-C (or SIGTERM) makes the
-running jobs save their checkpoints, none starts after, and the sweep prints the command that continues it. A job
+"""A sweep (``train.py -m``): its jobs checked before any starts, each job's outcome and its reason noted beside
+them whichever process or machine ran it, and a table of its jobs when it ends, its exit status non-zero, with a line
+per job, when any job was refused, failed or stopped. In a sweep whose jobs run in worker processes (joblib), Ctrl-C
+(or SIGTERM) makes the running jobs save their checkpoints, none starts after, and the sweep prints the command that
+continues it; so does a SLURM sweep (``normfl_launchers.slurm``), and a job the scheduler stops saves its own. A job
 itself is ``cli``'s, as a single run is."""
 
 from __future__ import annotations
@@ -58,9 +59,16 @@ def interpreter() -> str:
     return shown(sys.executable)
 
 
+def scheduled() -> bool:
+    """Whether this process is a job that submitit runs for a sweep (on SLURM, or its local executor): a signal it
+    gets is its own (``scancel``, a time limit), not its sweep's, as a joblib worker's is."""
+    return "SUBMITIT_EXECUTOR" in os.environ
+
+
 def in_worker() -> bool:
-    """Whether this process runs jobs for a sweep's own process (joblib's workers), not the sweep itself."""
-    return os.environ.get(SWEEP_PID, str(os.getpid())) != str(os.getpid())
+    """Whether this process runs jobs for a sweep's own process (joblib's workers, submitit's jobs), not the sweep
+    itself."""
+    return scheduled() or os.environ.get(SWEEP_PID, str(os.getpid())) != str(os.getpid())
 
 
 def stop_asked(sweep_dir) -> int | None:
@@ -101,15 +109,24 @@ def forget_log(out_dir: Path) -> None:
             handler.close()
 
 
-def note(sweep_dir, num, overrides: list[str], status: str, out_dir=None) -> None:
-    """Record a sweep job's outcome beside the sweep's jobs, where ``SweepReport`` finds it after the
-    sweep, whichever process or machine ran the job (Hydra's launchers: basic, joblib, SLURM, stacked),
-    and rewrite the sweep's table of jobs (``jobs.csv``: job, folder, status and swept values)."""
+def note(sweep_dir, num, overrides: list[str], status: str, out_dir=None, why: str | None = None) -> None:
+    """Record a sweep job's outcome, and why where it did not finish, beside the sweep's jobs, where
+    ``SweepReport`` finds it after the sweep, whichever process or machine ran the job (Hydra's launchers: basic,
+    joblib, SLURM, stacked), and rewrite the sweep's table of jobs (``jobs.csv``: job, folder, status, reason and
+    swept values)."""
     d = Path(sweep_dir) / OUTCOMES
     d.mkdir(parents=True, exist_ok=True)
     write_atomic(d / f"{num}.json", json.dumps({"job": int(num), "overrides": list(overrides), "status": status,
-                                                "dir": str(out_dir) if out_dir is not None else None}))
+                                                "dir": str(out_dir) if out_dir is not None else None, "why": why}))
     write_jobs(Path(sweep_dir), outcomes(Path(sweep_dir)))
+
+
+def noted(sweep_dir, num) -> dict | None:
+    """The outcome a sweep's job noted, if it did."""
+    try:
+        return json.loads((Path(sweep_dir) / OUTCOMES / f"{num}.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def outcomes(sweep_dir: Path) -> list[dict]:
@@ -152,12 +169,13 @@ def wandb_names(hydra_cfg: DictConfig | None) -> dict:
 
 
 def write_jobs(sweep_dir: Path, jobs: list[dict]) -> None:
-    """``jobs.csv`` at the sweep's root: which folder holds which swept values, and how each job ended."""
+    """``jobs.csv`` at the sweep's root: which folder holds which swept values, how each job ended, and why where it
+    did not finish."""
     import pandas as pd
 
     values = swept(jobs)
     rows = [{"job": o["job"], "folder": Path(o["dir"]).name if o.get("dir") else str(o["job"]), "status": o["status"],
-             **values[o["job"]]} for o in jobs]
+             "reason": o.get("why") or "", **values[o["job"]]} for o in jobs]
     write_atomic(sweep_dir / f"{JOBS}.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
@@ -225,19 +243,33 @@ class SweepStop:
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "StackedLauncher", "LocalLauncher")   # jobs run here
 
 
+def listed(file, jobs: list[list[str]]) -> list[list[str]]:
+    """The jobs of a listed sweep (``hydra/sweeper=listed``, ``normfl_launchers.listed``): each run of ``file`` (a
+    YAML list of runs, each a list of overrides) with each of ``jobs`` (the command line's own, as Hydra's basic
+    sweeper makes them), run by run."""
+    try:
+        runs = OmegaConf.to_container(OmegaConf.load(str(file)))
+    except Exception as err:  # noqa: BLE001 (missing, unreadable, not YAML)
+        raise ConfigError("hydra.sweeper.file", str(file), f"a readable YAML file ({err})") from None
+    if not isinstance(runs, list) or not all(isinstance(r, list) and all(isinstance(o, str) for o in r) for r in runs):
+        raise ConfigError("hydra.sweeper.file", str(file), "a YAML list of runs, each a list of overrides")
+    return [[*run, *job] for run in runs for job in jobs]
+
+
 def sweep_jobs(config: DictConfig) -> list[tuple[int, list[str]]]:
-    """Each job of a sweep (job number, overrides) as Hydra's basic sweeper will number them; none for other
-    sweepers."""
+    """Each job of a sweep (job number, overrides) as Hydra's basic sweeper, or normfl's listed one, will number
+    them; none for other sweepers."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     hc = config.hydra
-    if not str(hc.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+    target = str(hc.sweeper.get("_target_", ""))
+    if not target.endswith((".BasicSweeper", ".ListedSweeper")):
         return []
     loader = GlobalHydra.instance().config_loader()
     params = [f"{k}={v}" for k, v in (hc.sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *hc.overrides.task])
-    return list(enumerate(basic_sweep(parsed)))
+    jobs = basic_sweep(OverridesParser.create(config_loader=loader).parse_overrides([*params, *hc.overrides.task]))
+    return list(enumerate(listed(hc.sweeper.file, jobs) if target.endswith(".ListedSweeper") else jobs))
 
 
 def other_sweep(config: DictConfig, jobs: list[tuple[int, list[str]]]) -> ConfigError | None:
@@ -285,6 +317,18 @@ def refusals(config: DictConfig, jobs: list[tuple[int, list[str]]]) -> list[tupl
     return found
 
 
+def early_warning(launcher: DictConfig) -> ConfigError | None:
+    """A scheduler's warning (submitit's ``signal_delay_s``) set to come before the job's time limit
+    (``timeout_min``) even begins: the job would save a checkpoint and be requeued as soon as it started, again and
+    again."""
+    delay, limit = launcher.get("signal_delay_s"), launcher.get("timeout_min")
+    if delay is None or limit is None or delay < limit * 60:
+        return None
+    return ConfigError("hydra.launcher.signal_delay_s", delay, f"fewer seconds than the time limit "
+                       f"hydra.launcher.timeout_min={limit} ({limit * 60} s), which it comes before: the warning to "
+                       "save a checkpoint and be requeued")
+
+
 def refuse_a_file(key: str, path) -> None:
     if Path(str(path)).exists() and not Path(str(path)).is_dir():
         sys.exit(f"normfl: {ConfigError(key, str(path), 'a directory (this path is a file)')}")
@@ -292,8 +336,9 @@ def refuse_a_file(key: str, path) -> None:
 
 class SweepReport(Callback):
     """After a sweep (``conf/config.yaml``'s ``hydra.callbacks``): its directory, a table of the swept values
-    against each job's outcome (also in ``jobs.md``), a line per job refused or failed, and exit status 1 if
-    there was one; a sweep stopped by a signal prints the command that continues it and exits 128 + the signal.
+    against each job's outcome (also in ``jobs.md``), a line per job refused, failed or stopped with its reason, and
+    exit status 1 if there was one; where a job was stopped (a scheduler's time limit or ``scancel``), the command
+    that continues it; a sweep stopped by a signal prints that command and exits 128 + the signal.
     Under the joblib launcher, the sweep's process takes Ctrl-C and SIGTERM while the sweep runs (``SweepStop``)."""
 
     stop: SweepStop | None = None
@@ -307,8 +352,11 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         refuse_a_file("hydra.sweep.dir", config.hydra.sweep.dir)
-        jobs = sweep_jobs(config)
-        if clash := other_sweep(config, jobs):
+        try:
+            jobs = sweep_jobs(config)
+        except ConfigError as err:
+            sys.exit(f"normfl: {err}")
+        if clash := other_sweep(config, jobs) or early_warning(config.hydra.launcher):
             sys.exit(f"normfl: {clash}")
         sweep_dir = Path(str(config.hydra.sweep.dir))
         (sweep_dir / OUTCOMES / STOP).unlink(missing_ok=True)           # asked of an earlier sweep here
@@ -343,12 +391,18 @@ class SweepReport(Callback):
             text = sweep_table(ran, list(next(iter(swept(jobs).values()))))
             write_atomic(sweep_dir / f"{JOBS}.md", text + "\n")
             print(text, file=sys.stderr)
-        bad = [o for o in jobs if o["status"] not in (*FINISHED, "stopped", "not started")]   # diverged: a result
-        for o in bad:
-            print(f"  job {o['job']} {o['status']}: {' '.join(o['overrides'])}", file=sys.stderr)
+        values = swept(jobs)
+        unfinished = [o for o in jobs if o["status"] not in FINISHED]       # diverged: a result
+        for o in unfinished:
+            if o["status"] != "not started" or o.get("why"):
+                label = " ".join(f"{k}={v}" for k, v in values[o["job"]].items() if v != "")   # "": not its key
+                print(f"  job {o['job']} {o['status']} ({label}){': ' + o['why'] if o.get('why') else ''}",
+                      file=sys.stderr)
+        if signum is not None or any(o["status"] in ("stopped", "not started") for o in unfinished):
+            what = f"stopped by {signal.Signals(signum).name}; continue it" if signum is not None else \
+                "continue its stopped jobs"
+            print(f"normfl sweep: {what} with:\n  {resume_command(sweep_dir)}", file=sys.stderr)
         if signum is not None:
-            print(f"normfl sweep: stopped by {signal.Signals(signum).name}; continue it with:\n  "
-                  f"{resume_command(sweep_dir)}", file=sys.stderr)
             sys.exit(128 + signum)
-        if bad:
+        if unfinished:
             sys.exit(1)
