@@ -52,9 +52,9 @@ def option_groups() -> dict[str, argparse.ArgumentParser]:
     run = groups["run"]
     run.add_argument("--retry-failed", action="store_true", help="also re-run runs stored as failed")
     run.add_argument("--launcher", default=None, help="train through this Hydra launcher (slurm, joblib, "
-                     "submitit_local, stacked): one `train.py -m` sweep per block of the grid, each job into its "
-                     "store folder; key=value words among the names go to train.py, e.g. "
-                     "hydra.launcher.partition=gpu")
+                     "submitit_local, stacked): the missing runs of every ID named in one `train.py -m` sweep (on "
+                     "SLURM one job array), each job into its store folder; key=value words among the names go to "
+                     "train.py, e.g. hydra.launcher.partition=gpu")
     campaign = groups["campaign"]
     campaign.add_argument("--budget", default="25m", help="wall-clock time to train within (90s, 25m, 2h)")
     campaign.add_argument("--checkpoints", action="store_true", help="also archive unfinished runs' checkpoints")
@@ -100,18 +100,22 @@ def cmd_run(args) -> None:
     ids = chosen(args)
     grids = grid_jobs(args, ids)
     print(f"store: {args.store}")
-    for t in ids:
-        print(f"{t.id} ({args.profile}):")
-        if args.dry_run:
-            for j in grids[t.id]:
-                print(f"  {store.status(records.locate(j.key, args.store)):9s} {j.key}  {j.command()}")
-        elif args.launcher:
-            launch(t, args)
-        else:
-            store.run_missing(grids[t.id], args.store, args.parallel, args.threads, args.retry_failed,
-                              stack=args.stack or store.default_stack())
+    unfinished = 0
+    if args.launcher and not args.dry_run:
+        unfinished = launch(ids, [j for t in ids for j in grids[t.id]], args)
+    else:
+        for t in ids:
+            print(f"{t.id} ({args.profile}):")
+            if args.dry_run:
+                for j in grids[t.id]:
+                    print(f"  {store.status(records.locate(j.key, args.store)):9s} {j.key}  {j.command()}")
+            else:
+                store.run_missing(grids[t.id], args.store, args.parallel, args.threads, args.retry_failed,
+                                  stack=args.stack or store.default_stack())
     if not args.dry_run:
         draw(ids, args)
+    if unfinished:
+        sys.exit(f"normfl: {unfinished} run(s) did not finish (the launch's lines say which and why)")
 
 
 def cmd_campaign(args) -> None:
@@ -279,11 +283,9 @@ def check(args) -> None:
             raise ConfigError("--store", str(args.store), "an existing run store directory (run, campaign and "
                               "adopt make a new one)")
         args.store = store_dir(args.store)
-    launcher, match = getattr(args, "launcher", None), getattr(args, "match", None)
+    launcher = getattr(args, "launcher", None)
     if args.overrides and launcher is None:
         raise ConfigError("--launcher", None, f"a Hydra launcher for the train.py overrides {args.overrides}")
-    if launcher and match:
-        raise ConfigError("--match", match, "no --match with --launcher (a launcher trains whole sweeps)")
     if launcher and launcher not in (have := jobs.launchers()):
         raise ConfigError("--launcher", launcher, " | ".join(have))
     for flag in ("--parallel", "--threads", "--stack"):
@@ -304,26 +306,47 @@ def main(argv=None) -> None:
     args.func(args)
 
 
-def launch(target, args) -> None:
-    """Train an ID's grid through a Hydra launcher: a ``train.py -m`` sweep per block, its jobs writing into
-    their store folders (``${store_key:}``; finished runs there are left as they are, killed ones resume),
-    its table of jobs in ``launches/<id>/<time>`` beside the store."""
+def launch(ids: list, job_list: list, args) -> int:
+    """Train the IDs' runs that are not finished through a Hydra launcher: one listed ``train.py -m`` sweep of them
+    all (``hydra/sweeper=listed``; on SLURM one job array, so the grid fills the cluster at once), each job writing
+    into its store folder (``${store_key:}``; killed ones resume), a finished or recorded run given no job. Its table
+    of jobs goes to ``launches/<id>/<time>`` beside the store. Each finished run is then recorded, as ``run_missing``
+    records one. Returns how many runs of the sweep did not finish."""
     import time
 
-    sweep_dir = args.store.parent / "launches" / target.slug / time.strftime("%Y-%m-%d_%H-%M-%S")
-    with store.Stop() as stop:                  # Ctrl-C: each sweep's running jobs save a checkpoint, none starts after
-        for i, overrides in enumerate(jobs.sweeps(target.grid, args.profile)):
-            cmd = [sys.executable, str(store.ROOT / "train.py"), "-m", *overrides, f"hydra/launcher={args.launcher}",
-                   f"hydra.sweep.dir={sweep_dir / str(i)}", f"hydra.sweep.subdir={args.store}/${{store_key:}}",
-                   "progress=false", *([f"threads={args.threads}"] if args.threads else []), *args.overrides]
-            with stop.child(cmd, cwd=store.ROOT) as proc:
-                if proc is None:
-                    break
-                print("  " + " ".join(cmd[1:]), flush=True)
-                proc.wait()
-    if stop.count:
+    from normfl.results import FINISHED
+
+    extra = [o for o in args.overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]   # in the runs' keys
+    runs = list({j.key: j for j in (jobs.Job(j.params, overrides, jobs.key(tuple(overrides)), None, j.method)
+                                    for j in job_list for overrides in [[*j.overrides, *extra]])}.values())
+    todo = store.pending(runs, args.store, FINISHED if args.retry_failed else (*FINISHED, "failed"))
+    print(f"{' '.join(t.id for t in ids)} ({args.profile}): {len(runs)} runs, {len(runs) - len(todo)} already "
+          f"stored, {len(todo)} to run through hydra/launcher={args.launcher}")
+    stopped = False
+    if todo:
+        name = ids[0].slug if len(ids) == 1 else f"{len(ids)}-ids"
+        sweep_dir = args.store.parent / "launches" / name / time.strftime("%Y-%m-%d_%H-%M-%S")
+        sweep_dir.mkdir(parents=True)
+        (sweep_dir / "runs.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create([j.overrides for j in todo])))
+        cmd = [sys.executable, str(store.ROOT / "train.py"), "-m", "hydra/sweeper=listed",
+               f"hydra.sweeper.file={sweep_dir / 'runs.yaml'}", f"hydra/launcher={args.launcher}",
+               f"hydra.sweep.dir={sweep_dir}", f"hydra.sweep.subdir={args.store}/${{store_key:}}", "progress=false",
+               *([f"threads={args.threads}"] if args.threads else []), *(o for o in args.overrides if o not in extra)]
+        with store.Stop() as stop, stop.child(cmd, cwd=store.ROOT) as proc:   # Ctrl-C: each job saves a checkpoint
+            print("  " + " ".join(cmd[1:]), flush=True)
+            proc.wait()
+        stopped = bool(stop.count)
+    for j in runs:                             # the committed results store gains each finished run (records.py)
+        if store.status(j.dir(args.store)) in FINISHED:
+            try:
+                if (packed := records.pack(j.dir(args.store))) == "added":
+                    print(f"  record {packed} {j.key}")
+            except records.RecordError as err:
+                print(f"  record {err}")
+    if stopped:
         print("stopped; the same command continues the stopped runs from their checkpoints", flush=True)
         raise KeyboardInterrupt
+    return sum(store.status(j.dir(args.store)) not in FINISHED for j in todo)
 
 
 def together(dirs: list[str], threads: int | None) -> None:

@@ -108,21 +108,6 @@ def grid_points(name: str, profile: str) -> list[dict]:
             for experiment, lists in blocks(name, profile) for values in itertools.product(*lists.values())]
 
 
-def sweeps(name: str, profile: str) -> list[list[str]]:
-    """An ID's grid as ``train.py -m`` sweeps, one per block and run group: ``experiment=<group>``, every list
-    of the block (``key=v1,v2``, replacing the group's own sweep), the group's profile settings and
-    ``profile``. Their jobs are ``jobs``'s, so a Hydra launcher (SLURM, joblib, ...) can train a grid."""
-    if not has_profile(name, profile):
-        jobs(name, profile)                                   # raises the error that says which profiles exist
-    out = []
-    for experiment, lists in blocks(name, profile):
-        fixed = settings(experiment, profile)
-        out.append([f"experiment={experiment}", *(f"{k}={','.join(value_text(v) for v in vs)}"
-                                                  for k, vs in lists.items() if k not in fixed),
-                    *(f"{k}={value_text(v)}" for k, v in fixed.items()), f"profile={profile}"])
-    return out
-
-
 @functools.cache
 def sweep(name: str) -> dict[str, list]:
     """A run group's Hydra sweep (``hydra.sweeper.params``) as lists of values (read once per process)."""
