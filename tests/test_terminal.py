@@ -195,9 +195,10 @@ def test_a_run_starts_with_what_it_runs_and_its_bar_then_estimates_its_time(tmp_
     from normfl.run import run, training
     from tests.helpers import composed
 
-    cfg = composed("algo=dp_fed_normec", "p=0.5", "dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400",
-                   "dataset.test_limit=100", "clients=4", "rounds=4", "eval_every=4", "backend=sequential",
-                   "progress=true", f"data_root={data_root}")
+    cfg_overrides = ["algo=dp_fed_normec", "p=0.5", "dataset=fashion_mnist", "model=logreg", "dataset.train_limit=400",
+                     "dataset.test_limit=100", "clients=4", "rounds=4", "eval_every=4", "backend=sequential",
+                     "progress=true", f"data_root={data_root}"]
+    cfg = composed(*cfg_overrides)
     line = ("normfl: dp_fed_normec on Fashion-MNIST, logreg (7,850 parameters), 4 clients (each takes part w.p. 0.5), "
             "4 rounds (a step a round), cpu, backend sequential, fp32")
     seen, evaluate = [], training.Training.evaluate
@@ -215,9 +216,19 @@ def test_a_run_starts_with_what_it_runs_and_its_bar_then_estimates_its_time(tmp_
     assert re.search(r"1/4 \[\d\d:\d\d<\d\d:\d\d, +[\d.]+(s/it|it/s)\]", after), after   # a round's time, the rest
     assert not any("to go on this CPU" in m for m in caplog.messages)
     monkeypatch.setattr(training, "CPU_HINT_S", 0.0)
+
+    def slow_evaluation(self, row, at, releases):          # an evaluation of 0.3 s: a round's time includes it
+        if row["round"]:
+            time.sleep(0.3)
+        return evaluate(self, row, at, releases)
+
+    monkeypatch.setattr(training.Training, "evaluate", slow_evaluation)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="normfl"):
-        run(cfg, tmp_path / "hinted")
+        run(composed(*[o for o in cfg_overrides if not o.startswith("eval_every")], "eval_every=1"),
+            tmp_path / "hinted")
     hint = [m for m in caplog.messages if "to go on this CPU" in m]
-    assert len(hint) == 1 and re.match(r"normfl: about [\d.]+s to go on this CPU \([\d.]+s a round\)\. On a GPU: "
-                                       r"the same command with `device=cuda backend=stacked`", hint[0]), hint
+    found = re.match(r"normfl: about ([\d.]+)s to go on this CPU \(([\d.]+)s a round\)\. On a GPU: the same "
+                     r"command with `device=cuda backend=stacked`", hint[0] if hint else "")
+    assert len(hint) == 1 and found, hint
+    assert float(found[2]) >= 0.3 and float(found[1]) >= 3 * 0.3, hint   # 3 rounds to go, each evaluated

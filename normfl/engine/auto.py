@@ -3,12 +3,15 @@ remembered per model, size and device in ``~/.cache/normfl/backend.json`` (which
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from normfl.cache import memo
 from normfl.engine.clients import ClientEngine, uniform
+
+log = logging.getLogger(__name__)
 
 
 def choose_backend(engine: ClientEngine, x: torch.Tensor, batches, key: str, reps: int = 2) -> str:
@@ -21,6 +24,8 @@ def choose_backend(engine: ClientEngine, x: torch.Tensor, batches, key: str, rep
         return names[0]
 
     def measure():
+        log.info("backend=auto: timing %s on %d clients' batches (once for this setting on this machine)",
+                 ", ".join(names), len(batches))
         saved, times = engine.flat.buffers(), {}
         for name in names:
             engine.backend = name

@@ -153,13 +153,13 @@ class Training:
         if self.watch is not None and not self.watch.check(self.algo):
             self.watch = None
         self.bar.update()
-        if self.first is not None and k + 1 > self.first[0]:
-            self.estimate(time.perf_counter() - self.first[1], k + 1 - self.first[0])
         evaluate = (k + 1) % cfg.eval_every == 0 or last
         if evaluate:
             with reading():
                 self.evaluate(row, x, self.step)
         row["wall_time"] = time.perf_counter() - self.t0
+        if self.first is not None:                           # this start's first round, its evaluation included
+            self.estimate(time.perf_counter() - self.first[1], k + 1 - self.first[0])
         save = self.active and cfg.checkpoint_every and (k + 1) % cfg.checkpoint_every == 0
         if not (evaluate or save or last) or not self.read():
             return
