@@ -93,7 +93,7 @@ class Interrupts:
         try:                                 # the scheduler's handler: submitit requeues the job and exits
             self.previous[signum](signum, frame)
         except Exception as err:             # noqa: BLE001 (submitit's refusal to requeue: timed out too often)
-            raise Stopped(signum, str(err)) from err
+            raise Stopped(signum, f"{signal_name(signum)}: {err}") from err
 
     def stop_if_asked(self, trainings: list[Training]) -> None:
         """After a step: if a signal came while runs are still going, each saves a checkpoint, and all stop (runs

@@ -398,9 +398,11 @@ class SweepReport(Callback):
                 label = " ".join(f"{k}={v}" for k, v in values[o["job"]].items() if v != "")   # "": not its key
                 print(f"  job {o['job']} {o['status']} ({label}){': ' + o['why'] if o.get('why') else ''}",
                       file=sys.stderr)
-        if signum is not None or any(o["status"] in ("stopped", "not started") for o in unfinished):
-            what = f"stopped by {signal.Signals(signum).name}; continue it" if signum is not None else \
-                "continue its stopped jobs"
+        stopped = any(o["status"] in ("stopped", "not started") for o in unfinished)
+        failed = any(o["status"] == "failed" for o in unfinished)     # killed, out of memory, crashed: run again
+        if signum is not None or stopped or failed:
+            what = (f"stopped by {signal.Signals(signum).name}; continue it" if signum is not None else
+                    " and ".join(["continue its stopped jobs"] * stopped + ["retry its failed jobs"] * failed))
             print(f"normfl sweep: {what} with:\n  {resume_command(sweep_dir)}", file=sys.stderr)
         if signum is not None:
             sys.exit(128 + signum)
