@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from normfl.errors import ConfigError
+from normfl.errors import ConfigError, RunStopped
 
 NAME = "checkpoint.pt"
 
@@ -43,7 +43,7 @@ def restore(run, state: dict) -> None:
         run.audit.load_state_dict(state["audit"])
 
 
-class UndeclaredState(RuntimeError):
+class UndeclaredState(RunStopped):
     """An algorithm's attribute changed from round to round without being named in its ``state``."""
 
 

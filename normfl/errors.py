@@ -1,4 +1,5 @@
-"""The error every refused input raises, wherever it is detected, and the one a release beyond its bound raises."""
+"""The error every refused input raises, wherever it is detected, and those of a run that stops for a cause its user
+can mend (``RunStopped``: a release beyond its bound, a round's state left undeclared)."""
 
 
 class ConfigError(ValueError):
@@ -9,7 +10,13 @@ class ConfigError(ValueError):
         super().__init__(message or f"invalid config: {key}={value!r}; allowed: {allowed}")
 
 
-class PrivacyError(RuntimeError):
+class RunStopped(RuntimeError):
+    """A run stopped by something its user can mend, in their algorithm or its setting: the message says the cause
+    and the mend, and ``train.py`` says it in one line (the traceback goes to the run's log; ``hydra.verbose=true``
+    or ``NORMFL_TRACEBACK=1`` shows it on the console too)."""
+
+
+class PrivacyError(RunStopped):
     """A private run's algorithm handed its privatizer a message beyond the sensitivity the noise is calibrated
     to: its release would not be as private as the run reports, so the run stops before releasing it."""
 

@@ -256,7 +256,16 @@ def budget_said(privacy: dict) -> str | None:
     return f"budget: {steps} of R_c = {r_c} steps spent, {eps}"
 
 
-def record_failure(out_dir: Path, job, err: BaseException, key: str | None = None) -> None:
-    log.error("job %s failed: %r", job, err, exc_info=err)
+def record_failure(out_dir: Path, job, err: BaseException, key: str | None = None, console: bool = True) -> None:
+    """A failed run's summary, and its traceback in the log (and on the console, unless ``console`` is False: a
+    cause its user mends, ``errors.RunStopped``, is said there in one line instead)."""
+    if console:
+        log.error("job %s failed: %r", job, err, exc_info=err)
+    else:
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "job %s failed: %s", (job, err),
+                                (type(err), err, err.__traceback__))
+        for handler in {*logging.getLogger().handlers, *log.handlers}:
+            if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
+                handler.handle(record)
     failure = {"status": "failed", "config_key": key, "error": repr(err)}
     write_atomic(out_dir / "summary.json", json.dumps(failure) + "\n")

@@ -231,3 +231,33 @@ def test_no_module_outside_the_algorithms_names_one():
     found = [hit for p in [*runner, *(REPO / "scripts").glob("*.py"), REPO / "train.py"]
              for hit in names_in(p, classes)]
     assert not found, found
+
+
+@pytest.mark.slow
+def test_a_stop_its_user_causes_is_one_line_with_the_mend_and_the_traceback_in_the_log(tmp_path, data_root):
+    """An upload beyond its bound (the example without its clip) and round state left undeclared (the held-out
+    ForgetfulFedAdam) stop ``train.py`` with exit status 1 and one ``normfl:`` line saying the cause and the mend; the
+    traceback is in the run's log, and on the console with NORMFL_TRACEBACK=1 (or hydra.verbose=true)."""
+    unclipped = tmp_path / "unclipped"
+    unclipped.mkdir()
+    source = (EXAMPLE / "fedavgm.py").read_text()
+    (unclipped / "fedavgm.py").write_text(source.replace("sent = self.privatize(self.bounding(G), k)",
+                                                         "sent = self.privatize(G, k)"))
+    cases = {"privacy": (unclipped, EXAMPLE / "conf", "dp_fedavgm", "", r"normfl: failed: privacy: an upload handed to "
+                         r"the gaussian privatizer has l2 norm [\d.]+ \(row \d+\), above the sensitivity 1 .* the "
+                         r"algorithm must bound each upload \(clip or normalize it to that norm\) before privatizing "
+                         r"it; traceback in \S+train.log"),
+             "state": (OUTSIDE, OUTSIDE / "conf", "dp_fedadam", "algo._target_=fedadam.ForgetfulFedAdam",
+                       r"normfl: failed: fedadam.ForgetfulFedAdam changed 'v' in round 1 .* Add 'v' to the class's "
+                       r"`state`")}
+    for name, (path, conf, algo, extra, said) in cases.items():
+        args = [f"algo={algo}", *([extra] if extra else []), *SMALL, f"offline_data={OFFLINE}"]
+        env = {**os.environ, "PYTHONPATH": str(path)}
+        for verbose in (False, True):
+            run_dir = tmp_path / f"{name}-{verbose}"
+            out = train(data_root, *args, f"hydra.run.dir={run_dir}", options=("--config-dir", str(conf)), code=1,
+                        env={**env, **({"NORMFL_TRACEBACK": "1"} if verbose else {})})
+            shown = out.stdout + out.stderr
+            assert re.search(said, shown), shown[-3000:]
+            assert ("Traceback" in shown) == verbose, shown[-3000:]
+            assert "Traceback" in (run_dir / "train.log").read_text()

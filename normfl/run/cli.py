@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normfl import checkpoint
 from normfl.config import config_key
-from normfl.errors import ConfigError
+from normfl.errors import ConfigError, RunStopped
 from normfl.results import closing_line, record_failure, shown
 from normfl.run.signals import signal_name
 from normfl.run.sweep import ask_stop, forget_log, in_worker, not_started, note, resume_command, scheduled, stop_asked
@@ -140,12 +140,16 @@ def main(cfg: DictConfig) -> dict | None:
         print(f"\nnormfl: interrupted; {resume_hint(out_dir, hc.sweep.dir if multirun else None)}", file=sys.stderr)
         sys.exit(128 + signum)
     except Exception as err:  # a failed run is recorded, with its traceback in the log; a sweep carries on
-        record_failure(out_dir, hc.job.num if multirun else out_dir.name, err, config_key(cfg))
-        report.info(closing_line({"status": "failed", "error": repr(err)}, out_dir, f"{hc.job.name}.log"))
+        quiet = isinstance(err, RunStopped) and not (hc.verbose or os.environ.get("NORMFL_TRACEBACK"))
+        record_failure(out_dir, hc.job.num if multirun else out_dir.name, err, config_key(cfg), console=not quiet)
+        said = str(err) if isinstance(err, RunStopped) else repr(err)      # a cause the user mends: its own words
+        report.info(closing_line({"status": "failed", "error": said}, out_dir, f"{hc.job.name}.log"))
         if not multirun:
+            if quiet:
+                sys.exit(1)                      # its closing line said it all; the traceback is in the log
             raise
-        note(hc.sweep.dir, hc.job.num, overrides, "failed", out_dir, why=repr(err))
-        return {"status": "failed", "error": repr(err)}
+        note(hc.sweep.dir, hc.job.num, overrides, "failed", out_dir, why=said)
+        return {"status": "failed", "error": said}
     report.info(closing_line(summary, out_dir))
     if multirun:
         note(hc.sweep.dir, hc.job.num, overrides, summary["status"], out_dir)
