@@ -16,6 +16,7 @@ The jobs run this module's code, pickled by value: the SLURM job's Python need n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -83,7 +84,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         def wait():
             return [self.ended(sweep_dir, *job) for job in zip(jobs, nums, runs, strict=True)]
 
-        with stop_signals():
+        with sigterm_stops():
             try:
                 return wait()
             except KeyboardInterrupt as stop:
@@ -143,36 +144,32 @@ def over(job) -> str:
         elif job.watcher.is_done(job.job_id):
             return job.watcher.get_state(job.job_id, mode="cache")
         elif time.monotonic() - asked > 10:
-            asked = time.monotonic()
-            if not queued(job):
-                state = job.watcher.get_state(job.job_id, mode="force")   # a pending task's state stays as last read
-                return "CANCELLED before it started (sacct keeps no record of it)" if \
-                    state.split()[0] in (*REQUEUED, "UNKNOWN") else state
+            asked = time.monotonic()                   # a pending task's state stays as last read, or is UNKNOWN
+            if not queued(job) and job.watcher.get_state(job.job_id, mode="force").split()[0] in (*REQUEUED, "UNKNOWN"):
+                return "CANCELLED before it started (sacct keeps no record of it)"
         time.sleep(1)
 
 
 def queued(job) -> bool:
-    """Whether SLURM's queue holds the job (pending, running, or ended a moment ago), or cannot be asked."""
+    """Whether SLURM's queue holds the job (pending or running), or cannot be asked."""
     out = subprocess.run(["squeue", "-h", "-r", "-j", job.job_id, "-o", "%T"], capture_output=True, text=True)
     return bool(out.stdout.strip()) or (out.returncode != 0 and "Invalid job id" not in out.stderr)
 
 
-class stop_signals:
-    """SIGTERM to the sweep's process (a container's stop, the driver's own job ending) stops it as Ctrl-C does,
-    where nothing else takes it."""
+@contextlib.contextmanager
+def sigterm_stops():
+    """SIGTERM to the sweep's process (a container's stop, the end of a job the sweep runs in) stops it as Ctrl-C
+    does, where nothing else takes it."""
+    from normfl.run.signals import Stopped
 
-    def __enter__(self):
-        from normfl.run.signals import Stopped
+    def stop(signum, frame):
+        raise Stopped(signum)
 
-        def stop(signum, frame):
-            raise Stopped(signum)
-
-        main = threading.current_thread() is threading.main_thread()
-        self.previous = signal.signal(signal.SIGTERM, stop) if main and \
-            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-
+    take = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    previous = signal.signal(signal.SIGTERM, stop) if take else None
+    try:
+        yield
+    finally:
+        if take:
+            signal.signal(signal.SIGTERM, previous)
