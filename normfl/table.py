@@ -13,6 +13,7 @@ seed one row: each number's mean ± std over them and how many there are.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
 import numbers
@@ -22,7 +23,8 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from normfl.config import KEY_DEFAULTS, NOT_IN_KEY, config_key
+from normfl.config import KEY_DEFAULTS, NOT_IN_KEY, READ_BESIDE, config_key
+from normfl.config.keys import parameters
 from normfl.config.run_key import unread
 from normfl.privacy import certified
 from normfl.render import fmt, markdown_table
@@ -39,6 +41,7 @@ def runs(*paths: str | Path) -> list[Path]:
     return sorted(found, key=lambda d: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(d))])
 
 
+@functools.cache
 def _config(run: Path):
     f = config_file(run)                             # a run directory's, or a committed record's
     return OmegaConf.load(f) if f.is_file() else OmegaConf.create()
@@ -66,9 +69,27 @@ def _unread(run: Path) -> tuple[str, ...]:
     return (*noiseless, *unread(OmegaConf.to_container(_config(run), resolve=False)))
 
 
+@functools.cache
+def _class(target: str):
+    """What ``target`` names; None where it does not import here (a user's own algorithm, off ``PYTHONPATH``)."""
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:
+        return None
+
+
 def reads(run: Path, key: str) -> bool:
-    """Whether the run reads config ``key`` (``_unread``)."""
-    return not any(key == u or key.startswith(f"{u}.") for u in _unread(run))
+    """Whether the run reads config ``key``: not where ``_unread`` says so, nor a key its config lacks that its
+    group's target does not take (``algo.alpha`` of a Clip21 run: α-NormEC's alone)."""
+    if any(key == u or key.startswith(f"{u}.") for u in _unread(run)):
+        return False
+    group, _, rest = key.partition(".")
+    target = leaves(run).get(f"{group}._target_")
+    if key in leaves(run) or target is None or "." in rest:
+        return True
+    built = _class(json.loads(target))
+    return built is None or rest in {p.name for p in parameters(built)} | set(READ_BESIDE.get(group, ()))
 
 
 @functools.cache
