@@ -21,10 +21,12 @@ certified ε (the tighter of PLD and RDP, else the composed bound) beside the ta
 directory; a diverged or failed run has no accuracy. ``--metric test_error`` (or ``test_error_last5``) gives the
 table in test error (100 − accuracy) instead. Printed as markdown; ``--out`` also writes it as .md or .csv
 (folded: a column per number, its ``std`` and ``n`` beside it).
-``--plot`` (.png, .pdf) draws ``--metric`` against ``--x``: a column of the runs' ``metrics.csv``, or
+``--plot`` (.png; .pdf, .svg: vector) draws ``--metric`` against ``--x``: a column of the runs' ``metrics.csv``, or
 ``test_error`` (100 − test accuracy, %), ``test_acc_last5`` / ``test_error_last5`` (at each evaluation the mean
-of the last five, the statistic NormFedAvg's tables report); a diverged run up to its divergence. The legend
-names only the keys that differ, by their last part (``beta=0.1``), beside the axes.
+of the last five, the statistic NormFedAvg's tables report); a diverged run up to its divergence. No title unless
+``--title``. The legend names each algorithm as its reader does (``Algorithm.title``: α-NormEC) and only the keys
+that differ between the plotted runs that read them, by their last part (``β=0.1``), inside the axes where it fits;
+each algorithm keeps one colour in every figure (``colours``).
 
 From Python: ``collect(*paths, keys=(...))`` is a DataFrame of each run's config keys and summary scalars. The rows
 and the table are ``normfl.table``'s, the table a sweep prints when it ends; the curves are drawn here.
@@ -33,19 +35,43 @@ and the table are ``normfl.table``'s, the table a sweep prints when it ends; the
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import textwrap
+import unicodedata
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import LogFormatterSciNotation
 
-from normfl.render import curve, plt, save
+from normfl.config.keys import CONF
+from normfl.render import curve, plt, round_axis, save
 from normfl.results import metrics_file, write_atomic
-from normfl.table import cell, collect, fold, folded_markdown, groups, leaves, markdown, runs, table, varying
+from normfl.table import (
+    algorithm_title,
+    cell,
+    collect,
+    fold,
+    folded_markdown,
+    groups,
+    leaves,
+    markdown,
+    reads,
+    runs,
+    table,
+    varying,
+)
 
-OUT, PLOT = (".md", ".csv"), (".png", ".pdf")
+OUT, PLOT = (".md", ".csv"), (".png", ".pdf", ".svg")
 LEGEND_MAX = 30                      # curves a legend can tell apart
+ALGORITHM = ("algo._target_", "algo.name", "algo.private")    # what a legend's name of an algorithm (title) says
+LINES = ("-", "--", ":", "-.")       # an algorithm's settings, where colour tells the algorithms apart
+AXES = {"steps": "communication step", "wall_time": "wall time (s)", "transmissions_total": "client uploads",
+        "bytes_total": "bytes uploaded", "train_loss": "training loss", "test_loss": "test loss",
+        "full_train_loss": "training loss (whole training set)", "eps_rdp": "ε (RDP)", "eps_pld": "ε (PLD)",
+        "eps_composed": "ε (composed)", "noise_std": "noise std"}     # a metrics.csv column's name on an axis
 DERIVED = {   # what a paper plots that metrics.csv holds as test_acc: name -> (label, from the evaluations' accuracy)
     "test_acc": ("test accuracy (%)", lambda acc: 100 * acc),
     "test_error": ("test error (%)", lambda acc: 100 - 100 * acc),
@@ -66,51 +92,122 @@ def points(run: Path, metric: str, x: str) -> pd.Series:
 
 
 def labels(keys: list[str]) -> dict[str, str]:
-    """Each key's short name in a legend: its last dotted part (a group's ``_target_``: the group), the whole key
-    where two would read alike."""
-    last = [k.split(".")[-2] if k.endswith("._target_") else k.rsplit(".", 1)[-1] for k in keys]
+    """Each key's short name in a legend: its last dotted part (a group's ``_target_``: the group), the Greek letter
+    where it names one (``algo.beta``: β), the whole key where two would read alike."""
+    last = [_greek(k.split(".")[-2] if k.endswith("._target_") else k.rsplit(".", 1)[-1]) for k in keys]
     return {k: s if last.count(s) == 1 else k for k, s in zip(keys, last, strict=True)}
+
+
+def _greek(name: str) -> str:
+    try:
+        return unicodedata.lookup(f"GREEK SMALL LETTER {name}")
+    except KeyError:
+        return name
 
 
 def _short(key: str, value: str) -> str:
     return value.rsplit(".", 1)[-1] if key.endswith("_target_") else value      # normfl.models.cnn: cnn
 
 
+def names(t: pd.DataFrame, by: list[str]) -> dict[tuple[str, ...], str]:
+    """A legend's name for each group of ``t``'s runs agreeing on ``by``: the keys whose values differ between the
+    runs that read them (``labels``), the algorithm (``ALGORITHM``) by what its reader calls it (``title``:
+    α-NormEC), and that alone where nothing differs; every key that differs where two groups would read alike."""
+    dirs = [Path(d) for d in t.dir]
+    differ = sorted((k for k in by if len({cell(v) for v, d in zip(t[k], dirs, strict=True) if reads(d, k)}) > 1),
+                    key=lambda k: k == "seed")                                  # the seed last
+    named = any(k in ALGORITHM for k in differ)
+    for every in (False, True):
+        short, out = labels([k for k in differ if every or not named or k not in ALGORITHM]), {}
+        for key, g in groups(t, by).items():
+            value = dict(zip(by, key, strict=True))
+            parts = [f"{s}={_short(k, value[k])}" for k, s in short.items() if value[k] != "–"]
+            out[key] = ", ".join([algorithm_title(Path(g.dir.iloc[0]))] * (not parts or named and not every) + parts)
+        if len(set(out.values())) == len(out):
+            break
+    return out
+
+
+def colours(algorithms) -> dict[str, str]:
+    """A colour for each of a figure's algorithms (``algo.name``): by its place among conf/algo's options, so the
+    same in every figure; the next one free where two would share one (a user's own algorithm: the first free)."""
+    shipped = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
+    out: dict[str, str] = {}
+    for name in sorted(set(algorithms), key=lambda n: (n not in shipped, n)):
+        i = shipped.index(name) if name in shipped else 0
+        while f"C{i % 10}" in out.values() and len(out) < 10:
+            i += 1
+        out[name] = f"C{i % 10}"
+    return out
+
+
 def plot(t: pd.DataFrame, by: list[str], path: Path, metric: str = "test_acc", x: str = "round",
-         per_seed: bool = False) -> list[Path]:
+         per_seed: bool = False, title: str | None = None) -> list[Path]:
     """Draw ``metric`` against ``x`` for ``table``'s ``t``: a line per run with ``per_seed``, else a line per
-    group of runs agreeing on ``by`` (their mean where at least one has the point) with a band of ± one std."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    short = labels([k for k in by if len({cell(v) for v in t[k]}) > 1])
-    for key, g in groups(t, list(short)).items():
-        runs_ = [(Path(r["dir"]), r["status"]) for r in g.to_dict("records")
-                 if metrics_file(Path(r["dir"])).is_file() and {x, "test_acc" if metric in DERIVED else metric}
-                 <= set(curve(Path(r["dir"])).columns)]
-        name = ", ".join(f"{s}={_short(k, v)}" for (k, s), v in zip(short.items(), key, strict=True) if v != "–")
-        if per_seed or len(runs_) == 1:
-            for d, status in runs_:
+    group of runs agreeing on ``by`` (their mean where at least one has the point) with a band of ± one std. Where
+    the figure holds several algorithms each has its colour (``colours``) and its settings a line style each;
+    else each setting its colour. The legend (``names``) sits inside the axes where it covers under a third of
+    them, else beside; no title but ``title``."""
+    need = {x, "test_acc" if metric in DERIVED else metric}
+    t = t[[metrics_file(Path(d)).is_file() and need <= set(curve(Path(d)).columns) for d in t.dir]]
+    parts, legend = groups(t, by), names(t, by)
+    algo = {key: json.loads(leaves(Path(g.dir.iloc[0])).get("algo.name", "null")) for key, g in parts.items()}
+    palette, drawn = colours(algo.values()) if len(set(algo.values())) > 1 else {}, Counter()
+    sizes = {len(g) for g in parts.values()}
+
+    def style(a: str) -> dict:               # the next line of algorithm a: its colour, a style of its own
+        drawn[a] += 1
+        return {"color": palette[a], "ls": LINES[(drawn[a] - 1) % len(LINES)]} if palette else {}
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for key, g in parts.items():
+        name = legend[key] + (f" (n = {len(g)})" if len(sizes) > 1 and not per_seed else "")
+        if per_seed or len(g) == 1:
+            for r in g.to_dict("records"):
+                d = Path(r["dir"])
                 y = points(d, metric, x)
-                ax.plot(y.index, y, lw=1.2, label=(name or d.name) + (f", seed={cell(leaves(d).get('seed'))}"
-                        if len(runs_) > 1 else "") + ("" if status == "completed" else f" ({status})"))
-        elif runs_:
-            ys = pd.concat([points(d, metric, x) for d, _ in runs_], axis=1).sort_index()
+                ax.plot(y.index, y, lw=1.3, **style(algo[key]), label=name + (f", seed={cell(leaves(d).get('seed'))}"
+                        if len(g) > 1 else "") + ("" if r["status"] == "completed" else f" ({r['status']})"))
+        else:
+            ys = pd.concat([points(Path(d), metric, x) for d in g.dir], axis=1).sort_index()
             mean, std = ys.mean(axis=1), ys.std(axis=1).fillna(0)
-            (line,) = ax.plot(mean.index, mean, lw=1.2, label=f"{name or 'all runs'} (n = {len(runs_)})")
+            (line,) = ax.plot(mean.index, mean, lw=1.3, **style(algo[key]), label=name)
             ax.fill_between(mean.index, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
-    ax.set_xlabel(x), ax.set_ylabel(DERIVED[metric][0] if metric in DERIVED else metric)
-    ax.set_yscale("log" if metric.endswith("loss") else "linear")
-    note = f"{len(ax.lines)} curve{'s' * (len(ax.lines) != 1)}"
+    readings = {json.loads(leaves(Path(d)).get("reading", '"text"')) for d in t.dir}
+    ax.set_xlabel(round_axis(readings) if x == "round" else AXES.get(x, x))
+    ax.set_ylabel(DERIVED[metric][0] if metric in DERIVED else AXES.get(metric, metric))
+    if metric.endswith("loss"):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(_Plain()), ax.yaxis.set_minor_formatter(_Plain(labelOnlyBase=False))
     if len(ax.lines) > LEGEND_MAX:
-        note += f"; no legend above {LEGEND_MAX} (fewer paths, or --by, tell them apart)"
-    elif ax.lines:                   # beside the axes, the figure grown to hold it (long labels wrapped)
-        for line in ax.lines:
-            line.set_label(textwrap.fill(line.get_label(), 48))
-        legend = ax.legend(fontsize=7, ncol=1 + (len(ax.lines) - 1) // 15, loc="upper left",
-                           bbox_to_anchor=(1.02, 1), borderaxespad=0)
-        fig.canvas.draw()
-        box = legend.get_window_extent()
-        fig.set_size_inches(6 + box.width / fig.dpi, max(4.2, 1.6 + box.height / fig.dpi))
-    return save(fig, path, f"{metric} against {x}", note, suffixes=(path.suffix,))
+        print(f"normfl: --plot {path}: {len(ax.lines)} curves, drawn without a legend (above {LEGEND_MAX}; fewer "
+              "paths, or --by, tell them apart)", file=sys.stderr)
+    elif ax.lines:
+        _legend(fig, ax, f"mean ± std of {min(sizes)} seeds" if sizes == {min(sizes)} and min(sizes) > 1
+                and not per_seed else None)
+    return save(fig, path, title, suffixes=(path.suffix,))
+
+
+class _Plain(LogFormatterSciNotation):
+    """A log axis's ticks as plain numbers (0.4, not 4 × 10⁻¹), where matplotlib would label them."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def _legend(fig, ax, heading: str | None) -> None:
+    """The legend inside the axes, where it covers least; beside them, the figure grown to hold it, where it would
+    cover a third of them (long labels wrapped)."""
+    for line in ax.lines:
+        line.set_label(textwrap.fill(line.get_label(), 48, break_long_words=False))
+    kw = {"fontsize": 8, "title": heading, "title_fontsize": 8}
+    renderer = fig.canvas.get_renderer()
+    box, axes = ax.legend(loc="best", **kw).get_window_extent(renderer), ax.get_window_extent(renderer)
+    if box.width * box.height < axes.width * axes.height / 3:
+        return
+    box = ax.legend(ncol=1 + (len(ax.lines) - 1) // 15, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0,
+                    **kw).get_window_extent(renderer)
+    fig.set_size_inches(fig.get_figwidth() + 0.2 + box.width / fig.dpi,
+                        max(fig.get_figheight(), 1.2 + box.height / fig.dpi))
 
 
 def fail(message: str, code: int = 2):
@@ -125,17 +222,19 @@ def main(argv=None) -> None:
                     help="dotted config keys, comma-separated (default: the keys that differ between the runs)")
     ap.add_argument("--per-seed", action="store_true", help="a row and a curve per run, instead of per setting")
     ap.add_argument("--out", type=Path, help="also write the table to this .md or .csv file")
-    ap.add_argument("--plot", type=Path, help="draw a curve per setting (run) into this .png or .pdf file")
+    ap.add_argument("--plot", type=Path, help="draw a curve per setting (run) into this .png, .pdf or .svg file")
     ap.add_argument("--metric", default="test_acc", help="what --plot draws, and with test_error* the table's "
                     f"measure: a column of metrics.csv or {', '.join(DERIVED)} (default: test_acc)")
     ap.add_argument("--x", help="the metrics.csv column on --plot's x-axis (default: round)")
+    ap.add_argument("--title", help="a caption-like line above --plot's figure (default: none, as a paper's figure)")
     args = ap.parse_args(argv)
     for flag, path, allowed in (("--out", args.out, OUT), ("--plot", args.plot, PLOT)):
         if path is not None and (path.suffix.lower() not in allowed or path.is_dir()):
             fail(f"invalid {flag}={path}{' (a directory)' if path.is_dir() else ''}; "
                  f"allowed: a file path ending in {' or '.join(allowed)}")
-    if args.x is not None and args.plot is None:
-        fail(f"invalid --x={args.x} without --plot; allowed: --plot FILE beside it (the table draws no curve)")
+    for flag, value in (("--x", args.x), ("--title", args.title)):
+        if value is not None and args.plot is None:
+            fail(f"invalid {flag}={value} without --plot; allowed: --plot FILE beside it (the table draws no curve)")
     args.x = args.x or "round"
     for p in args.paths:
         if not Path(p).is_dir():
@@ -168,7 +267,7 @@ def main(argv=None) -> None:
         csv = (t if folded is None else folded).to_csv(index=False)
         write_atomic(args.out, md if args.out.suffix.lower() == ".md" else csv)
     if args.plot:
-        plot(t, by, args.plot, args.metric, args.x, per_seed=args.per_seed)
+        plot(t, by, args.plot, args.metric, args.x, per_seed=args.per_seed, title=args.title)
 
 
 if __name__ == "__main__":

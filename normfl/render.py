@@ -1,7 +1,7 @@
 """Tables and figures as normfl writes them, whoever draws: a sweep's table of jobs (``normfl.table``),
 ``python -m normfl.collect`` and the reproduction's figures and tables (``normfl.reproduce.figures``). Cells in
-markdown, a run's per-round table read once, a figure titled and written without timestamps; matplotlib draws
-off-screen (Agg), so a figure needs no display."""
+markdown, a run's per-round table read once, a figure written without timestamps (titled where its caller asks);
+matplotlib draws off-screen (Agg), so a figure needs no display."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "normfl"       # an SVG's ids from its content alone, not a random salt
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -41,14 +42,24 @@ def curve(run_dir: Path) -> pd.DataFrame:
     return pd.read_csv(metrics_file(run_dir))
 
 
-def save(fig, path: Path, title: str, note: str, suffixes=(".png", ".pdf")) -> list[Path]:
-    """Title ``fig``, write it as ``path`` with each of ``suffixes`` and close it."""
+def round_axis(readings: set) -> str:
+    """What a curve's x-axis counts where it is the round, by the runs' readings: passes over each client's shard
+    (``reading=pass``, as the papers draw them) or communication rounds of one step each."""
+    if readings == {"pass"}:
+        return "pass over each client's shard"
+    return "communication round" if readings == {"text"} else "round (pass or step: mixed readings)"
+
+
+def save(fig, path: Path, title: str | None = None, note: str = "", suffixes=(".png", ".pdf")) -> list[Path]:
+    """Write ``fig`` as ``path`` with each of ``suffixes`` and close it; ``title`` and ``note`` above it where
+    given."""
     path.parent.mkdir(parents=True, exist_ok=True)
     width = int(fig.get_figwidth() * 15)                # characters of 8 pt type across the figure
-    fig.suptitle("\n".join([title, *textwrap.wrap(note.replace("**", ""), width)]), fontsize=8)
+    if title or note:
+        fig.suptitle("\n".join([*filter(None, [title]), *textwrap.wrap(note.replace("**", ""), width)]), fontsize=8)
     fig.tight_layout()
     out = [path.with_suffix(s) for s in suffixes]
     for p in out:                        # no timestamps: a redraw of the same runs is byte-identical
-        fig.savefig(p, dpi=120, metadata={"CreationDate": None} if p.suffix == ".pdf" else {})
+        fig.savefig(p, dpi=120, metadata={".pdf": {"CreationDate": None}, ".svg": {"Date": None}}.get(p.suffix, {}))
     plt.close(fig)
     return out

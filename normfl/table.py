@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from normfl.algorithms.base import Algorithm
 from normfl.config import KEY_DEFAULTS, NOT_IN_KEY, READ_BESIDE, config_key
 from normfl.config.keys import parameters
 from normfl.config.run_key import unread
@@ -90,6 +91,15 @@ def reads(run: Path, key: str) -> bool:
         return True
     built = _class(json.loads(target))
     return built is None or rest in {p.name for p in parameters(built)} | set(READ_BESIDE.get(group, ()))
+
+
+@functools.cache
+def algorithm_title(run: Path) -> str:
+    """What a reader calls the run's algorithm (its class's ``title``: DP-α-NormEC); its ``algo.name`` where the
+    class does not import here (a user's own, off ``PYTHONPATH``)."""
+    node = _config(run).get("algo") or {}
+    cls = _class(str(node.get("_target_")))
+    return cls.title(node) if isinstance(cls, type) and issubclass(cls, Algorithm) else str(node.get("name", "?"))
 
 
 @functools.cache

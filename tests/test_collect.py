@@ -112,6 +112,7 @@ def test_diverged_and_failed_runs_have_a_status_and_no_accuracy(sweep, broken, t
                                                "test_acc_last5, test_error_last5 (the table's measure; with --plot"),
     (["{sweep}", "--plot", "{tmp}/c.png", "--x", "epoch"], 2, "invalid --x=epoch; allowed: a column of metrics.csv"),
     (["{sweep}", "--x", "wall_time"], 2, "invalid --x=wall_time without --plot; allowed: --plot FILE beside it"),
+    (["{sweep}", "--title", "T"], 2, "invalid --title=T without --plot; allowed: --plot FILE beside it"),
 ])
 def test_bad_input_is_refused_in_one_line(sweep, tmp_path, capsys, args, code, message):
     names = {"missing": tmp_path / "nope", "empty": tmp_path / "empty", "sweep": sweep, "tmp": tmp_path}
@@ -191,7 +192,7 @@ def test_seeds_fold_into_one_row_and_one_banded_curve(seeds, tmp_path, capsys, m
     top = band.get_paths()[0].vertices[:, 1].max()
     assert top == pytest.approx(float(np.max(pd.concat(curves, axis=1).mean(axis=1)
                                              + pd.concat(curves, axis=1).std(axis=1))))
-    assert line.get_label() == "all runs (n = 2)"
+    assert line.get_label() == "α-NormEC" and ax.get_legend().get_title().get_text() == "mean ± std of 2 seeds"
 
 
 @pytest.mark.slow
@@ -208,33 +209,6 @@ def test_per_seed_keeps_them_apart_and_a_key_no_run_reads_is_no_difference(seeds
     assert row["n"] == "3" and not any(k.startswith("privacy") for k in row)
     df = collect(copy, keys=("privacy.epsilon", "seed"))
     assert df["privacy.epsilon"].isna().all() and list(df["seed"]) == [1]
-
-
-def test_the_legend_names_what_differs_briefly_and_stays_in_the_figure(tmp_path, monkeypatch):
-    """20 settings with long names: wrapped labels by the keys' last parts, the figure grown to hold them."""
-    from normfl import collect as c
-
-    monkeypatch.setattr(c, "curve", lambda d: pd.DataFrame({"round": [0, 1], "test_acc": [0.1, 0.2]}))
-    monkeypatch.setattr(c, "metrics_file", lambda d: Path(__file__))
-    n = 20                                     # two columns of labels that wrap
-    t = pd.DataFrame({"algo.beta": [i / 8 for i in range(n)], "dataset._target_": ["normfl.data.load_cifar10"] * 10
-                      + ["normfl.data.load_fashion_mnist"] * 10, "privacy.epsilon": [8] * n,
-                      "algo.schedule": [f"warmup_then_cosine_decay_over_{i}_rounds" for i in range(n)],
-                      "status": ["completed"] * n, "dir": [f"r{i}" for i in range(n)]})
-    drawn = []
-    real_save = c.save
-    monkeypatch.setattr(c, "save", lambda fig, *a, **k: drawn.append(fig) or real_save(fig, *a, **k))
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")                          # "Tight layout not applied" among them
-        c.plot(t, ["algo.beta", "dataset._target_", "privacy.epsilon", "algo.schedule"], tmp_path / "c.png")
-    fig = drawn[0]
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert labels[0] == "beta=0, dataset=load_cifar10,\nschedule=warmup_then_cosine_decay_over_0_rounds"
-    assert labels[-1].startswith("beta=2.375, dataset=load_fashion_mnist")
-    fig.canvas.draw()
-    box, page = fig.axes[0].get_legend().get_window_extent(), fig.bbox
-    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
 
 
 def test_a_fold_counts_what_each_number_is_over():

@@ -64,6 +64,10 @@ class DPFL(Algorithm):
         return True                                          # DP-SGD is always private
 
     @classmethod
+    def title(cls, node) -> str:
+        return "ALI-DPFL" if node.get("adaptive") else "DPFL"     # τ chosen each round, or fixed
+
+    @classmethod
     def check(cls, cfg, rules) -> None:
         for key in ("lr", "sigma", "clip"):
             rules.number(cfg, f"algo.{key}", lambda v: v > 0, "a number > 0")

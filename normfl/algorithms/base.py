@@ -75,11 +75,20 @@ class Algorithm:
     # sync: on static buffers it is replayed whole from a CUDA graph (``engine.capture.CapturedRound``)
     sampling: Participation | None = None   # who takes part in a round (None: every client, every round)
     bits_per_coord: int | None = None    # bits per uploaded coordinate (None: the model's float width)
+    # -- read from the class, for a reader
+    paper_name: str | None = None      # what its paper calls it ("α-NormEC"), a figure's name for its runs (``title``);
+                                       # None: the class's own name
 
     @classmethod
     def adds_noise(cls, node) -> bool:
         """Whether a run of this ``algo`` config node adds noise (its ``private`` key by default)."""
         return bool(node.get("private"))
+
+    @classmethod
+    def title(cls, node) -> str:
+        """What a reader calls a run of this ``algo`` config node (``normfl.collect``'s legends): ``paper_name``,
+        "DP-" before it where the run adds noise (DP-α-NormEC)."""
+        return "DP-" * cls.adds_noise(node) + (cls.paper_name or cls.__name__)
 
     @classmethod
     def check(cls, cfg, rules) -> None:

@@ -14,6 +14,7 @@ from normfl.ops import Bounding, server_step
 
 
 class DPSGDNorm(GaussianAlgorithm):
+    paper_name = "SGD with Norm_α"                            # DP-SGD with smoothed normalization
     noise_by = "server"
     scalars = {"gamma": 1}
 

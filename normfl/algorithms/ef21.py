@@ -48,6 +48,8 @@ class EF21(GaussianAlgorithm):
 class NormEC(EF21):
     """(DP-)α-NormEC, NORMEC Algorithm 1; ``server_norm=False`` replaces line 11 by x - γ ĝ."""
 
+    paper_name = "α-NormEC"
+
     def __init__(self, gamma, beta, alpha, server_norm: bool = True, private=False, name="normec"):
         super().__init__(gamma, beta, alpha, private, name)
         self.bounding = Bounding("norm", alpha=self.alpha)   # ||Δ_i|| <= 1; β weights it outside Ψ

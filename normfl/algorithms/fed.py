@@ -56,6 +56,7 @@ class FedNormEC(_Federated):
     round costs what its cohort costs; the memories are then kept in a ``ClientMemory`` that holds
     only the rows a round touches when all of them would not fit in RAM."""
 
+    paper_name = "Fed-α-NormEC"
     state = ("v", "vhat")
     SCALARS = {"beta": 2, "gamma": 2, "eta": 1, "server_norm": 1}
 

@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 from omegaconf import OmegaConf
 
-from normfl.render import curve, fmt, markdown_table, plt, save
+from normfl.render import curve, fmt, markdown_table, plt, round_axis, save
 from normfl.reproduce import jobs, records, store
 from normfl.reproduce.paper import paper_numbers, paper_value
 
@@ -184,12 +184,8 @@ def curves(target, df, profile):
 
 
 def x_axis(df: pd.DataFrame) -> str:
-    """What a curve's x-axis counts: passes over each client's shard (``reading=pass``, as the papers draw
-    them) or communication rounds of one step each."""
-    readings = set(df.reading) if "reading" in df else {"text"}
-    if readings == {"pass"}:
-        return "pass over each client's shard"
-    return "communication round" if readings == {"text"} else "round (pass or step: mixed readings)"
+    """What a curve's x-axis counts, by the runs' readings (``render.round_axis``)."""
+    return round_axis(set(df.reading) if "reading" in df else {"text"})
 
 
 def _claims(target, best) -> list:
