@@ -104,17 +104,23 @@ class CanaryClients:
     def _rows(self, x, canary: torch.Tensor, which: list[int], call):
         """One row per entry of ``canary``: the real clients' from ``call`` at their points of x, canary ``which``'s
         where it is True; a canary's loss is the mean of the real clients' (so the round's mean loss is theirs)."""
-        G = x.new_zeros(len(canary), x.shape[-1])
-        loss = x.new_zeros(len(canary))
-        real, at = (~canary).to(x.device), canary.to(x.device)
-        if real.any():
+        reals = int((~canary).sum())
+        g = lr = None
+        if reals:
+            real = (~canary).to(x.device)
             g, lr = self.audit.tape.play("grads") if self.audit.tape.playing else \
                 self.audit.tape.keep("grads", call(x.detach() if x.dim() == 1 else x.detach()[real]))
-            G[real], loss[real] = g.to(G.dtype), lr.to(loss.dtype)
-        if which:
-            G = G.index_put((at.nonzero().squeeze(1),), self.audit.rows(which, x.dtype))    # keeps their mark
-            loss[at] = loss[real].mean() if real.any() else 0.0
-        return G, loss
+            g, lr = g.to(x.dtype), lr.to(x.dtype)
+        rows = self.audit.rows(which, x.dtype)                           # marked: keeps their mark
+        mean = lr.mean() if reals else x.new_zeros(())
+        if not canary[:reals].any():                                     # the real clients first, as ids sort them
+            return (torch.cat([g, rows]) if reals else rows), \
+                (torch.cat([lr, mean.expand(len(which))]) if reals else mean.expand(len(which)).clone())
+        G, loss = x.new_zeros(len(canary), x.shape[-1]), x.new_zeros(len(canary))
+        at = canary.to(x.device)
+        G[~at], loss[~at] = g, lr
+        loss[at] = mean
+        return G.index_put((at.nonzero().squeeze(1),), rows), loss
 
     def cyclic_pass(self, batch_size: int):
         """The real clients' steps of one pass, each with the canaries' markers after them."""
@@ -212,6 +218,7 @@ class Release:
         self.is_in = (torch.rand(n, generator=gen) < 0.5).to(x0.device)
         # the canaries' un-noised values, marked: a leaf of autograd (the out ones' zeros too)
         self.values = (OVERSIZE * self.sign * self.is_in[:, None]).float().requires_grad_()
+        self.block = None                          # their rows, [N, d], made on first use
         self.clients = CanaryClients(clients, self)
         algo.mech = _Cut(mech, self)
         self.x0 = x0.detach()[self.idx].double()
@@ -224,12 +231,17 @@ class Release:
         self.over: list[tuple[int, int, int]] = []   # (step, calls, releases charged) where calls exceed the charge
 
     def rows(self, canaries: list[int], dtype: torch.dtype) -> torch.Tensor:
-        """The gradient rows of ``canaries``, marked (zero while a step is replayed: every canary out)."""
-        ids = torch.tensor(canaries, dtype=torch.long, device=self.device)
-        rows = torch.zeros(len(canaries), self.dim, dtype=dtype, device=self.device)
+        """The gradient rows of ``canaries``, marked (zero while a step is replayed: every canary out); every
+        canary's are one block, made once (a fresh selection of it when some take part)."""
         if self.tape.playing:
-            return rows
-        return rows.scatter(1, self.idx[ids], self.values[ids].to(dtype))
+            return torch.zeros(len(canaries), self.dim, dtype=dtype, device=self.device)
+        if self.block is None or self.block.dtype != dtype:
+            with torch.enable_grad():
+                self.block = torch.zeros(self.n, self.dim, dtype=dtype, device=self.device).scatter(
+                    1, self.idx, self.values.to(dtype))
+        if len(canaries) == self.n and canaries == list(range(self.n)):
+            return self.block
+        return self.block[torch.tensor(canaries, dtype=torch.long, device=self.device)]
 
     def round(self, k: int, x: torch.Tensor, clients=None):
         """Step ``k`` of the algorithm on the clients with the canaries (``clients``: the real ones as this step
