@@ -178,6 +178,7 @@ def plot(t: pd.DataFrame, by: list[str], path: Path, metric: str = "test_acc", x
     if metric.endswith("loss"):
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(_Plain()), ax.yaxis.set_minor_formatter(_Plain(labelOnlyBase=False))
+        _first_off_scale(ax)
     if len(ax.lines) > LEGEND_MAX:
         print(f"normfl: --plot {path}: {len(ax.lines)} curves, drawn without a legend (above {LEGEND_MAX}; fewer "
               "paths, or --by, tell them apart)", file=sys.stderr)
@@ -185,6 +186,24 @@ def plot(t: pd.DataFrame, by: list[str], path: Path, metric: str = "test_acc", x
         _legend(fig, ax, f"mean ± std of {min(sizes)} seeds" if sizes == {min(sizes)} and min(sizes) > 1
                 and not per_seed else None)
     return save(fig, path, title, suffixes=(path.suffix,))
+
+
+SPIKE = 5.0                 # a loss curve's first point this many times above all the rest is left off the scale
+
+
+def _first_off_scale(ax) -> None:
+    """A loss whose first point is far above the rest (a model with BatchNorm evaluated with its initial running
+    statistics: ResNet20 at round 0, test loss 55) would set the scale of the whole figure: the axis ends above the
+    other points, and a note says where the first ones are."""
+    data = [line.get_data() for line in ax.lines]
+    start = min((min(x) for x, _ in data if len(x)), default=None)
+    first = [y for x, ys in data for xv, y in zip(x, ys, strict=True) if xv == start and np.isfinite(y)]
+    rest = [y for x, ys in data for xv, y in zip(x, ys, strict=True) if xv != start and np.isfinite(y) and y > 0]
+    if first and rest and min(first) > SPIKE * max(rest):
+        ax.set_ylim(top=max(rest) * 1.5)
+        ax.text(0.01, 0.99, f"at {start:g}: {min(first):.3g}–{max(first):.3g}, above the axis" if len(set(first)) > 1
+                else f"at {start:g}: {first[0]:.3g}, above the axis", transform=ax.transAxes, va="top", fontsize=7,
+                color="0.35")
 
 
 class _Plain(LogFormatterSciNotation):

@@ -168,3 +168,18 @@ def test_a_figure_is_a_vector_file_the_same_at_every_draw(comparison, tmp_path):
         main([str(comparison), "--plot", str(first)])
         main([str(comparison), "--plot", str(second)])
         assert first.read_bytes().startswith(head) and first.read_bytes() == second.read_bytes(), suffix
+
+
+def test_a_loss_curves_first_point_far_above_the_rest_is_left_off_the_scale_and_said(tmp_path, drawn):
+    """ResNet20 with BatchNorm starts at test loss 55 (round 0, its initial running statistics): plotted as it is,
+    that one point sets the scale and the curve is all spike. The axis ends above the other points and a note says
+    where the first is; a curve whose first point is not far above keeps its scale."""
+    for name, first in (("spike", 55.0), ("plain", 2.5)):
+        run = fabricate(tmp_path / name / "run", "normec")
+        pd.DataFrame({"round": [0, 1, 2], "test_loss": [first, 2.0, 1.5], "test_acc": [0.1, 0.3, 0.4]}).to_csv(
+            run / "metrics.csv", index=False)
+        main([str(tmp_path / name), "--metric", "test_loss", "--plot", str(tmp_path / f"{name}.png")])
+    spike, plain = (f.axes[0] for f in drawn)
+    assert spike.get_ylim()[1] == pytest.approx(3.0) and [t.get_text() for t in spike.texts] == \
+        ["at 0: 55, above the axis"]
+    assert plain.get_ylim()[1] >= 2.5 and not plain.texts
