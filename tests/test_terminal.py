@@ -199,8 +199,8 @@ def test_a_run_starts_with_what_it_runs_and_its_bar_then_estimates_its_time(tmp_
                      "dataset.test_limit=100", "clients=4", "rounds=4", "eval_every=4", "backend=sequential",
                      "progress=true", f"data_root={data_root}"]
     cfg = composed(*cfg_overrides)
-    line = ("normfl: dp_fed_normec on Fashion-MNIST, logreg (7,850 parameters), 4 clients (each takes part w.p. 0.5), "
-            "4 rounds (a step a round), cpu, backend sequential, fp32")
+    line = ("normfl: DP-Fed-α-NormEC (dp_fed_normec) on Fashion-MNIST, logreg (7,850 parameters), 4 clients (each "
+            "takes part w.p. 0.5), 4 rounds (a step a round), cpu, backend sequential, fp32")
     seen, evaluate = [], training.Training.evaluate
 
     def first_evaluation(self, row, at, releases):

@@ -252,7 +252,8 @@ def what_runs(cfg: DictConfig, setup: Setup, audit) -> str:
     taking = f" (each takes part w.p. {algo.p:g})" if algo.p < 1 else ""
     audited = "" if audit is None else (f", audited with {cfg.audit.canaries} canaries ({cfg.audit.mode}"
                                         + (": they join the clients)" if cfg.audit.mode == "release" else ")"))
-    return (f"normfl: {cfg.algo.name} on {setup.ds.label}, {cfg.model._target_.rsplit('.', 1)[-1]} "
+    return (f"normfl: {type(algo).title(cfg.algo)} ({cfg.algo.name}) on {setup.ds.label}, "
+            f"{cfg.model._target_.rsplit('.', 1)[-1]} "
             f"({setup.flat.dim:,} parameters), {cfg.clients} clients{taking}, {cfg.rounds} rounds ({reading}), "
             f"{setup.device.type}, backend {setup.clients.engine.backend}, {cfg.precision}{audited}")
 
