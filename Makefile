@@ -40,8 +40,8 @@ RUN_DIR ?= outputs/runs/make-run/$(NOW)
 run: $(STAMP)              ## the main job: NORMEC's default setup, the paper's 300 passes on a GPU (make run ARGS="algo=dp_normec ...")
 	$(BIN)/python scripts/main_job.py $(RUN_DIR) $(ARGS)
 
-test: $(STAMP)             ## the test suite (real data slices from the offline copies, `offline_data`), two processes; tests/cluster/ on one (a SLURM it starts)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup $(ARGS)
+test: $(STAMP)             ## the test suite (real data slices from the offline copies, `offline_data`), two processes
+	$(BIN)/python -m pytest -q -n 2 $(ARGS)
 
 test-quick: $(STAMP)       ## the tests a developer runs while working: all but those marked slow, two processes (under a minute)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" $(ARGS)

@@ -32,6 +32,15 @@ class Stopped(KeyboardInterrupt):
         self.signum, self.why = signum, why
 
 
+HELD: list[int] = []
+
+
+def hold(signum, frame) -> None:
+    """A SIGTERM that comes before a SLURM job's run trains (``normfl_launchers.slurm`` sets this handler as the job
+    starts; submitit's own only logs it): held for ``Interrupts``, which takes it after the run's first step."""
+    HELD.append(signum)
+
+
 def signal_name(signum: int) -> str:
     """A signal as a message names it: Ctrl-C for SIGINT."""
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -76,6 +85,9 @@ class Interrupts:
             self.previous[signum] = signal.signal(signum, self._handle)
         if hasattr(signal, "pthread_sigmask"):
             self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self.previous)
+        if HELD:                                     # a stop that came before the run trained (``hold``)
+            self._handle(HELD.pop(), None)
+            HELD.clear()
         return self
 
     def _handle(self, signum, frame) -> None:

@@ -1,14 +1,19 @@
 """The cluster tests: normfl driven through a real one-node SLURM (``scripts/slurm.sh``), as a cluster user drives it.
 
 The fixture ``slurm`` uses the cluster that answers at ``$NORMFL_SLURM`` (default /tmp/normfl-slurm), or starts one
-there and stops it, by the PIDs it started, when the session ends; where none can start (not root, no packages), the
-tests are skipped with the script's reason. The tests own the cluster rather than ``.ci/run``: ``make test`` is the
-same command on a developer's machine and in CI, and nothing is left running when it ends. They run on one xdist
-worker (``xdist_group``, ``make test``'s ``--dist loadgroup``): the node's two CPUs are the machine's, and one session
-starts one cluster."""
+there, and the last test process done with it stops it, by the PIDs it started; where none can start (not root, no
+packages), the tests are skipped with the script's reason. The tests own the cluster rather than ``.ci/run``: ``make
+test`` is the same command on a developer's machine and in CI, and nothing is left running when it ends.
+
+``make test``'s two xdist workers may both run cluster tests (pytest 9 no longer lets ``xdist_group`` keep them on
+one: xdist renames a test's node id to group it, which pytest 9 ignores), so the cluster and each sweep several tests
+read are made once, under a lock, by the first worker that asks (``Cluster.once``), and read by the other."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import subprocess
 import threading
@@ -30,8 +35,23 @@ class Cluster:
     RUN = ("algo=normec", "dataset=fashion_mnist", "model=logreg", "clients=4", "dataset.train_limit=2000",
            "dataset.test_limit=500", "rounds=300", "eval_every=100", "save_params=true")
 
-    def __init__(self, data_root: Path):
-        self.data_root = data_root
+    def __init__(self, data_root: Path, shared: Path):
+        self.data_root, self.shared = data_root, shared
+
+    def once(self, name: str, make) -> dict:
+        """``make()`` (a dict, JSON), made by the first of the session's test processes to ask, read by the others
+        (where it failed, they fail with its error rather than make it again)."""
+        made = self.shared / f"{name}.json"
+        with locked(self.shared / f"{name}.lock"):
+            if not made.exists():
+                try:
+                    made.write_text(json.dumps(make()))
+                except BaseException as err:
+                    made.write_text(json.dumps({"failed": f"{type(err).__name__}: {err}"}))
+                    raise
+        if "failed" in (value := json.loads(made.read_text())):
+            pytest.fail(f"{name}, made by another test process, failed: {value['failed']}")
+        return value
 
     @staticmethod
     def run(*command: str) -> str:
@@ -56,7 +76,7 @@ class Cluster:
         return next((p.parent.name for p in folders if "_" not in p.parent.name), None)
 
     @staticmethod
-    def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    def finished(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
         """A sweep's exit status and its stderr, once it ends (killed, if it has not within ``timeout`` seconds)."""
         try:
             _, err = proc.communicate(timeout=timeout)
@@ -66,7 +86,7 @@ class Cluster:
         return proc.returncode, err
 
     @staticmethod
-    def until(check, timeout: float = 120, every: float = 0.5):
+    def until(check, timeout: float = 300, every: float = 0.5):
         """Wait for ``check()`` to hold (at most ``timeout`` seconds); its value."""
         deadline = time.monotonic() + timeout
         while not (value := check()):
@@ -98,16 +118,35 @@ def answers() -> bool:
         return False
 
 
+@contextlib.contextmanager
+def locked(path: Path):
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
-def slurm(data_root):
+def slurm(data_root, tmp_path_factory):
+    """The cluster, for every test process of the session: started by the first that finds none (its failure to
+    start read by the others), stopped by the last one done with it if the tests started it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     os.environ["SLURM_CONF"] = str(SLURM / "slurm.conf")     # the tests' sweeps and their jobs inherit it
-    started = not answers()
-    if started:
-        out = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True, timeout=180)
-        if out.returncode:
-            pytest.skip(f"no SLURM here: scripts/slurm.sh start: {out.stderr.strip()[-400:]}")
+    users, started, refused = (shared / f"slurm.{name}" for name in ("users", "started", "refused"))
+    me = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with locked(shared / "slurm.lock"):
+        if not refused.exists() and not answers():
+            out = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True, timeout=180)
+            (started if out.returncode == 0 else refused).write_text(out.stderr.strip()[-400:])
+        if refused.exists():
+            pytest.skip(f"no SLURM here: scripts/slurm.sh start: {refused.read_text()}")
+        users.write_text((users.read_text() if users.exists() else "") + f"{me}\n")
     try:
-        yield Cluster(data_root)
+        yield Cluster(data_root, shared)
     finally:
-        if started:
-            subprocess.run([str(SCRIPT), "stop"], capture_output=True, timeout=120)
+        with locked(shared / "slurm.lock"):
+            left = [u for u in users.read_text().splitlines() if u != me]
+            users.write_text("".join(f"{u}\n" for u in left))
+            if not left and started.exists():
+                subprocess.run([str(SCRIPT), "stop"], capture_output=True, timeout=120)
+                started.unlink()

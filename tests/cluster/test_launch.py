@@ -11,7 +11,7 @@ import pytest
 from normfl.reproduce import __main__ as driver
 from normfl.reproduce import jobs, records
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 def test_an_ids_runs_go_in_one_job_array_recorded_and_a_refused_one_fails_the_command(slurm, tmp_path, monkeypatch,

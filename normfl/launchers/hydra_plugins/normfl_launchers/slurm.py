@@ -33,9 +33,11 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
-REQUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")   # SLURM states of a job that will run again
-FAILED = ("FAILED", "OUT_OF_MEMORY")      # states of a job whose run broke; the others (CANCELLED, TIMEOUT,
-                                          # PREEMPTED, NODE_FAIL, ...) stopped it, and the same sweep continues it
+RUNS_AGAIN = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")        # SLURM states of a job yet to run (again)
+ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE")                                                         # and of one that has ended
+FAILED = ("FAILED", "OUT_OF_MEMORY")      # a job whose run broke; the others (CANCELLED, TIMEOUT, PREEMPTED,
+                                          # NODE_FAIL, ...) stopped it, and the same sweep continues it
 
 
 class NotFinished(Exception):
@@ -46,9 +48,11 @@ class SlurmLauncher(SubmititSlurmLauncher):
     def __call__(self, *args, **kwargs) -> JobReturn:
         """In the SLURM job: the job's run, as hydra-submitit-launcher runs it, and an error where it did not finish
         (``normfl.run.cli`` returns a sweep job's outcome rather than raising). A SIGTERM that comes before the run
-        trains (submitit would only log it) waits for it: the run takes it after its first step, and saves a
-        checkpoint (``normfl.run.signals.Interrupts``)."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        trains (submitit would only log it) is held for it: the run takes it after its first step, and saves a
+        checkpoint (``normfl.run.signals.hold``)."""
+        from normfl.run.signals import hold
+
+        signal.signal(signal.SIGTERM, hold)
         job = super().__call__(*args, **kwargs)
         outcome = job.return_value
         if isinstance(outcome, dict) and outcome.get("status") not in ("completed", "diverged"):
@@ -103,7 +107,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         state = over(job)
         outcome = noted(sweep_dir, num)
         if outcome is None:
-            status = "failed" if state.split()[0] in FAILED else "stopped"
+            status = "failed" if state.partition(" ")[0] in FAILED else "stopped"
             why = f"SLURM: {state}" + (f"; its log: {job.paths.stderr}" if status == "failed" else "")
             run_dir = self.run_dir(num, overrides)
             note(sweep_dir, num, overrides, status, run_dir if run_dir and run_dir.is_dir() else None, why=why)
@@ -126,34 +130,43 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
 
 def over(job) -> str:
-    """Wait for a SLURM job to end; its state then (``COMPLETED``, ``FAILED``, ``CANCELLED by 0``, ...). It has ended
-    when it leaves a result and SLURM does not hold it to run again (an administrator's requeue comes after the
-    result of the run it stopped), when SLURM says it ended without one, or when it left the queue unrecorded (an
-    array task cancelled while pending: sacct keeps no record of it, and submitit waited for it for ever). SLURM is
-    asked as submitit asks it: every few seconds at first, less often as the sweep goes on, and at once when a
-    result appears."""
+    """Wait for a SLURM job to end; its state then (``COMPLETED``, ``CANCELLED by 0``, ...). SLURM's own queue
+    (``squeue``, which keeps an ended job a few minutes) says whether the job runs, will run again or has ended:
+    sacct, which submitit reads, lags behind it under load and never records an array task cancelled while pending
+    (submitit waited on such a task for ever). The queue is asked every 10 s, and every second once the job leaves a
+    result, until it has ended (a job still COMPLETING has not): a job requeued after leaving one (an administrator's
+    requeue stops a run, which says so) runs again."""
     stale, asked = None, -math.inf
     while True:
         result = job.paths.result_pickle
         made = result.stat().st_mtime if result.exists() else None
-        if made is not None and made != stale:
-            state = job.watcher.get_state(job.job_id, mode="force")
-            if state.split()[0] not in REQUEUED:
-                return state
-            stale = made
-        elif job.watcher.is_done(job.job_id):
-            return job.watcher.get_state(job.job_id, mode="cache")
-        elif time.monotonic() - asked > 10:
-            asked = time.monotonic()                   # a pending task's state stays as last read, or is UNKNOWN
-            if not queued(job) and job.watcher.get_state(job.job_id, mode="force").split()[0] in (*REQUEUED, "UNKNOWN"):
-                return "CANCELLED before it started (sacct keeps no record of it)"
+        fresh = made is not None and made != stale
+        if fresh or time.monotonic() - asked > 10:
+            asked, state = time.monotonic(), queued(job)
+            if state is None:                                          # no queue to ask: sacct, as submitit does
+                if job.watcher.is_done(job.job_id, mode="force"):
+                    return job.watcher.get_state(job.job_id, mode="cache")
+            elif state.partition(" ")[0] in RUNS_AGAIN:
+                stale = made
+            elif state == "" or state.partition(" ")[0] in ENDED:      # COMPLETING and RUNNING: not yet
+                return accounted(job, state)
         time.sleep(1)
 
 
-def queued(job) -> bool:
-    """Whether SLURM's queue holds the job (pending or running), or cannot be asked."""
-    out = subprocess.run(["squeue", "-h", "-r", "-j", job.job_id, "-o", "%T"], capture_output=True, text=True)
-    return bool(out.stdout.strip()) or (out.returncode != 0 and "Invalid job id" not in out.stderr)
+def queued(job) -> str | None:
+    """The job's state in SLURM's queue; "" where the queue holds no such job (it ended minutes ago, or was
+    cancelled before it started), None where SLURM cannot be asked."""
+    out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", job.job_id, "-o", "%T"], capture_output=True,
+                         text=True)
+    return out.stdout.strip() if out.returncode == 0 or "Invalid job id" in out.stderr else None
+
+
+def accounted(job, queued: str) -> str:
+    """A job's final state as sacct records it (``CANCELLED by 0``: who cancelled it), else as the queue said; a task
+    that neither knows was cancelled before it started."""
+    state = job.watcher.get_state(job.job_id, mode="force")
+    return state if state.partition(" ")[0] in ENDED else \
+        queued or "CANCELLED before it started (sacct keeps no record of it)"
 
 
 @contextlib.contextmanager
