@@ -208,7 +208,14 @@ def test_a_run_starts_with_what_it_runs_and_its_bar_then_estimates_its_time(tmp_
             seen.append((list(caplog.messages), capsys.readouterr().err))
         return evaluate(self, row, at, releases)
 
+    def unhurried_bar(*args, **kwargs):                    # drawn at most once a minute by itself: the first round
+        bar = progress_bar(*args, **kwargs)                 # is shown because the run draws it, however fast it was
+        bar.mininterval = 60.0
+        return bar
+
+    progress_bar = training.progress_bar
     monkeypatch.setattr(training.Training, "evaluate", first_evaluation)
+    monkeypatch.setattr(training, "progress_bar", unhurried_bar)
     with caplog.at_level(logging.INFO, logger="normfl"):
         run(cfg, tmp_path / "run")
     (messages, bar), after = seen[0], capsys.readouterr().err

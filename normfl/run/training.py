@@ -94,8 +94,10 @@ class Training:
 
     def estimate(self, seconds: float, rounds: int) -> None:
         """After this start's first round: on a CPU, a run that would take longer than ``CPU_HINT_S`` to end says how
-        long, and what runs faster (the bar shows the estimate as it goes)."""
+        long, and what runs faster. The bar is drawn now, with the round's time and the estimate (tqdm draws at most
+        every 0.1 s, and would leave a fast first round unshown)."""
         self.first = None
+        self.bar.refresh()
         left = seconds / rounds * (self.cfg.rounds - self.k)
         if self.setup.device.type == "cpu" and left > CPU_HINT_S:
             log.info("normfl: about %s to go on this CPU (%s a round). On a GPU: the same command with `device=cuda "
