@@ -62,7 +62,7 @@ scale: $(STAMP)            ## round time and peak memory at 1,000 / 10,000 / 100
 privacy-table: $(STAMP)    ## regenerate docs/privacy-table.md from dp-accounting
 	$(BIN)/python scripts/privacy_table.py > docs/privacy-table.md.tmp && mv docs/privacy-table.md.tmp docs/privacy-table.md
 
-audit: $(STAMP)            ## audit every private algorithm with canaries (about 4 min on 2 cores): docs/audit.md
+audit: $(STAMP)            ## audit every private algorithm with canaries, beside it and through its round (about 9 min on 2 cores): docs/audit.md
 	$(BIN)/python scripts/audit.py > docs/audit.md.tmp && mv docs/audit.md.tmp docs/audit.md
 
 $(IDS): $(STAMP)           ## train the missing runs of one figure/table's grid, then draw it

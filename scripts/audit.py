@@ -77,15 +77,16 @@ NEEDED_EPS, NEEDED_N, DELTA = (1.0, 4.0, 8.0), (1_000, 10_000, 100_000), 1e-5
 POWER = [  # (name, overrides, fractions of the noise kept)
     ("DP-FedAvg, client noise", ["algo=dp_fedavg", "algo.local_steps=1"], (0.1, 0.03, 0.01, 0.003)),
     ("DP-FedAvg, server noise", ["algo=dp_fedavg", "algo.noise_by=server", "algo.local_steps=1"],
-     (0.9, 0.7, 0.5, 0.3)),
+     (0.7, 0.5, 0.3, 0.1)),
 ]
 POWER_N = (400, 1000, 4000)
 POWER_SETTINGS = ["dataset.train_limit=2000", "rounds=50", "eval_every=50", "privacy.epsilon=2", *ACCOUNTED]
 
 
 def power_cell(cell: tuple) -> dict:
-    """One run of ``POWER``, in a process of its own: every algorithm's ``privatize`` keeps ``kept`` of the noise,
-    v + kept·(privatize(v) - v), the one-line bug of a round that uses a value before its noise; its release audit."""
+    """One run of ``POWER`` in a worker process (which runs several, one after another): every algorithm's
+    ``privatize`` keeps ``kept`` of the noise, v + kept·(privatize(v) - v), the one-line bug of a round that uses a
+    value before its noise; its release audit."""
     name, n, kept, overrides, out = cell
     from hydra import compose, initialize_config_dir
 
@@ -93,13 +94,16 @@ def power_cell(cell: tuple) -> dict:
     from normfl.run import run
 
     os.chdir(REPO)
-    real = Algorithm.privatize
-    Algorithm.privatize = lambda self, v, k: v + kept * (real(self, v, k) - v)
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*BASE, *overrides, *POWER_SETTINGS, f"audit.canaries={n}",
                                            "audit.mode=release"])
-    t0 = time.perf_counter()
-    return {"audit": run(cfg, out)["audit"], "seconds": time.perf_counter() - t0}
+    real = Algorithm.privatize                  # put back after the run: a worker process runs several cells, and
+    Algorithm.privatize = lambda self, v, k: v + kept * (real(self, v, k) - v)   # the cuts would multiply
+    try:
+        t0 = time.perf_counter()
+        return {"audit": run(cfg, out)["audit"], "seconds": time.perf_counter() - t0}
+    finally:
+        Algorithm.privatize = real
 
 
 def value(overrides: list[str], key: str) -> str:
