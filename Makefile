@@ -43,7 +43,7 @@ run: $(STAMP)              ## the main job: NORMEC's default setup, the paper's 
 test: $(STAMP)             ## the test suite (real data slices from the offline copies, `offline_data`), two processes
 	$(BIN)/python -m pytest -q -n 2 $(ARGS)
 
-test-quick: $(STAMP)       ## the tests a developer runs while working: all but those marked slow, two processes (under a minute)
+test-quick: $(STAMP)       ## the tests a developer runs while working: all but those marked slow, two processes (about a minute)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" $(ARGS)
 
 lint: $(STAMP)             ## ruff, and the layers of normfl (pyproject.toml's [tool.importlinter]: docs/architecture.md)
