@@ -5,9 +5,10 @@ there, and the last test process done with it stops it, by the PIDs it started; 
 packages), the tests are skipped with the script's reason. The tests own the cluster rather than ``.ci/run``: ``make
 test`` is the same command on a developer's machine and in CI, and nothing is left running when it ends.
 
-``make test``'s two xdist workers may both run cluster tests (pytest 9 no longer lets ``xdist_group`` keep them on
-one: xdist renames a test's node id to group it, which pytest 9 ignores), so the cluster and each sweep several tests
-read are made once, under a lock, by the first worker that asks (``Cluster.once``), and read by the other."""
+``make test``'s two xdist workers may both run cluster tests (``xdist_group`` no longer keeps them on one: under
+pytest 9.2 and pytest-xdist 3.8 with ``--dist loadgroup``, one group's six tests ran on both workers), so the cluster
+and each sweep several tests read are made once, under a lock, by the first worker that asks (``Cluster.once``), and
+read by the other."""
 
 from __future__ import annotations
 
