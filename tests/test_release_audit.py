@@ -377,3 +377,4 @@ def test_make_audits_power_cells_each_cut_the_noise_once(tmp_path, data_root):
     first, second = (audit.power_cell((*cell, tmp_path / str(i)))["audit"] for i in range(2))
     assert Algorithm.privatize is real
     assert first["scores"] == second["scores"] and first["eps_lower"] < 1, first       # the same cut, twice
+    assert [(s["correct"], s["guesses"]) for s in second["scores"]] == [(51, 64), (51, 64)]   # as the cell alone

@@ -146,9 +146,9 @@ def over(job) -> str:
             if state is None:                                          # no queue to ask: sacct, as submitit does
                 if job.watcher.is_done(job.job_id, mode="force"):
                     return job.watcher.get_state(job.job_id, mode="cache")
-            elif state.partition(" ")[0] in RUNS_AGAIN:
+            elif state in RUNS_AGAIN:
                 stale = made
-            elif state == "" or state.partition(" ")[0] in ENDED:      # COMPLETING and RUNNING: not yet
+            elif state == "" or state in ENDED:                        # COMPLETING and RUNNING: not yet
                 return accounted(job, state)
         time.sleep(1)
 
@@ -161,12 +161,12 @@ def queued(job) -> str | None:
     return out.stdout.strip() if out.returncode == 0 or "Invalid job id" in out.stderr else None
 
 
-def accounted(job, queued: str) -> str:
-    """A job's final state as sacct records it (``CANCELLED by 0``: who cancelled it), else as the queue said; a task
-    that neither knows was cancelled before it started."""
+def accounted(job, listed: str) -> str:
+    """A job's final state as sacct records it (``CANCELLED by 0``: who cancelled it), else as the queue ``listed``
+    it; a task that neither knows was cancelled before it started."""
     state = job.watcher.get_state(job.job_id, mode="force")
     return state if state.partition(" ")[0] in ENDED else \
-        queued or "CANCELLED before it started (sacct keeps no record of it)"
+        listed or "CANCELLED before it started (sacct keeps no record of it)"
 
 
 @contextlib.contextmanager
